@@ -1,0 +1,1 @@
+"""Benchmarks (scripts, not tests): ``python -m lit_fedco.benchmarks.<name>``."""

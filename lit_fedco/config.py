@@ -1,0 +1,211 @@
+"""Run configuration: dataclass defaults ← recipe defaults ← YAML preset ← ``key=value``.
+
+Every key is typed by a dataclass (the run's :class:`RunConfig` and, under the updater's name,
+each registered updater's hyperparameter dataclass), so unknown keys and values of the wrong
+type are rejected with a message that names the key. Range checks run when the dataclasses are
+built (:func:`updater_hparams`, :class:`~lit_fedco.loop.FederatedLoop`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import ConfigKeyError, OmegaConfBaseException, ValidationError
+
+from lit_fedco.errors import ConfigError
+from lit_fedco.updaters.base import Hparams, available_updaters, get_updater
+
+PRESET_DIR = Path(__file__).resolve().parent.parent / "recipes"
+"""Where bare preset names are looked up (the repository's ``recipes/``)."""
+
+
+@dataclass
+class DataConfig:
+    """The data set and its federated split (``lit_fedco.data``).
+
+    Attributes:
+        name: ``digits`` (embedded, scikit-learn), ``mnist`` or ``fashion_mnist`` (local files).
+        data_dir: folder with the IDX files for mnist / fashion_mnist.
+        partition: ``quantity`` (ComFedL: one big client, K−1 small ones), ``iid``,
+            ``dirichlet`` or ``dominant_class``.
+        num_clients: K.
+        big: training samples of the big client (quantity split; the paper: 5000).
+        small: training samples of each small client (the paper: 20).
+        small_classes: classes each small client draws from (0: all; label imbalance).
+        alpha: Dirichlet concentration (dirichlet split).
+        rho: fraction of a client's data from its dominant class (dominant_class split).
+        val_per_client: validation samples per client, drawn with its class proportions.
+    """
+
+    name: str = "digits"
+    data_dir: str = ""
+    partition: str = "quantity"
+    num_clients: int = 10
+    big: int = 1000
+    small: int = 20
+    small_classes: int = 0
+    alpha: float = 0.5
+    rho: float = 0.28
+    val_per_client: int = 100
+
+
+@dataclass
+class ModelConfig:
+    """The network: ``logreg`` (multinomial logistic regression) or ``mlp`` (tanh, ``hidden``)."""
+
+    name: str = "logreg"
+    hidden: int = 64
+
+
+@dataclass
+class RunConfig:
+    """A recipe's run: schedule, execution, tracking. Symbols as in ``ALGORITHMS.md``.
+
+    Attributes:
+        updaters: the algorithms to run, in order (``updater=NAME`` runs just one).
+        seed: seeds model init, cohorts and minibatches; ``seeds`` runs several.
+        seeds: run every updater once per seed and report mean ± std (overrides ``seed``).
+        rounds: S. local_steps: I. cohort: m. batch_size: b. eval_every: E.
+        executor: ``vectorized`` (vmap over clients) or ``sequential`` (a loop).
+        chunk_size: clients per vmap call (0: all of a rank's cohort at once).
+        dtype: ``float32`` or ``float64``.
+        accelerator / devices / num_nodes / strategy: passed to ``lightning.fabric.Fabric``.
+        tracking: any of ``wandb``, ``csv``; ``[none]`` logs nothing.
+        out_dir: where logs, checkpoints and ``results.json`` go.
+        project: the W&B project.
+        progress: show a progress bar.
+        save_checkpoint: write ``<out_dir>/<run>.ckpt`` at the end of each run.
+        resume: a checkpoint to continue from (one updater, one seed).
+    """
+
+    updaters: list[str] = field(default_factory=lambda: ["fedavg"])
+    seed: int = 0
+    seeds: list[int] = field(default_factory=list)
+    rounds: int = 100
+    local_steps: int = 5
+    cohort: int = 10
+    batch_size: int = 16
+    eval_every: int = 10
+    executor: str = "vectorized"
+    chunk_size: int = 0
+    dtype: str = "float32"
+    accelerator: str = "cpu"
+    devices: int = 1
+    num_nodes: int = 1
+    strategy: str = "auto"
+    tracking: list[str] = field(default_factory=lambda: ["wandb", "csv"])
+    out_dir: str = "runs"
+    project: str = "lit_fedco"
+    progress: bool = True
+    save_checkpoint: bool = False
+    resume: str = ""
+    data: DataConfig = field(default_factory=DataConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+
+
+def schema() -> DictConfig:
+    """The full typed schema: :class:`RunConfig` plus one node per registered updater."""
+    cfg = OmegaConf.structured(RunConfig)
+    OmegaConf.set_struct(cfg, False)
+    for name in available_updaters():
+        node = OmegaConf.structured(get_updater(name).hparams_cls)
+        OmegaConf.set_readonly(node, False)  # frozen dataclasses come in read-only
+        cfg[name] = node
+    OmegaConf.set_struct(cfg, True)
+    return cfg
+
+
+def _friendly(err: OmegaConfBaseException, source: str) -> ConfigError:
+    key = getattr(err, "full_key", None) or "?"
+    if isinstance(err, ConfigKeyError):
+        parent, _, leaf = str(key).rpartition(".")
+        node: Any = schema()
+        for part in parent.split(".") if parent else []:
+            node = node[part] if isinstance(node, DictConfig) and part in node else None
+        valid = [str(k) for k in node] if isinstance(node, DictConfig) else []
+        close = difflib.get_close_matches(leaf, valid, n=1)
+        hint = f"did you mean {(parent + '.' if parent else '') + close[0]!r}? " if close else ""
+        return ConfigError(
+            f"{key}: unknown config key (from {source}); {hint}"
+            f"valid keys{' under ' + parent if parent else ''}: {', '.join(valid)}",
+            key=str(key),
+        )
+    if isinstance(err, ValidationError):
+        first = str(getattr(err, "msg", err)).splitlines()[0]
+        m = re.search(r"converted to (\w+)", first)
+        expected = f"a value of type {m.group(1).lower()}" if m else first
+        return ConfigError(
+            f"{key}: got {getattr(err, 'value', None)!r} (from {source}), expected {expected}",
+            key=str(key),
+        )
+    return ConfigError(f"{key}: {str(err).splitlines()[0]} (from {source})", key=str(key))
+
+
+def resolve_preset(preset: str) -> Path:
+    """A preset given as a path, or as a bare name looked up in the repository's ``recipes/``."""
+    for cand in (Path(preset), PRESET_DIR / preset, PRESET_DIR / f"{preset}.yaml"):
+        if cand.is_file():
+            return cand
+    names = sorted(p.stem for p in PRESET_DIR.glob("*.yaml")) if PRESET_DIR.is_dir() else []
+    raise ConfigError(
+        f"preset: got {preset!r}, no such file (looked in the current folder and {PRESET_DIR}); "
+        f"available presets: {', '.join(names) or 'none'}"
+    )
+
+
+def load_config(argv: list[str], defaults: dict[str, Any] | None = None) -> DictConfig:
+    """Merge schema ← recipe ``defaults`` ← ``preset=...`` ← the other ``key=value`` items.
+
+    ``updater=NAME`` is shorthand for ``updaters=[NAME]``.
+
+    Raises:
+        ConfigError: an unknown key, a value of the wrong type, a malformed argument.
+    """
+    cfg = schema()
+    layers: list[tuple[str, Any]] = []
+    if defaults:
+        layers.append(("the recipe's defaults", defaults))
+    dotlist: list[str] = []
+    for arg in argv:
+        if "=" not in arg:
+            raise ConfigError(
+                f"command line: got {arg!r}, expected key=value (e.g. rounds=50 or "
+                "preset=comfedl_dro_mnist); list-valued keys take [a,b]"
+            )
+        key, value = arg.split("=", 1)
+        key = key.lstrip("-")
+        if key == "preset":
+            path = resolve_preset(value)
+            layers.append((f"preset {path}", OmegaConf.load(path)))
+        elif key == "updater":
+            dotlist.append(f"updaters=[{value}]")
+        else:
+            dotlist.append(f"{key}={value}")
+    layers.append(("the command line", OmegaConf.from_dotlist(dotlist)))
+    for source, layer in layers:
+        try:
+            merged = OmegaConf.merge(cfg, layer)
+        except OmegaConfBaseException as err:
+            raise _friendly(err, source) from None
+        assert isinstance(merged, DictConfig)
+        cfg = merged
+    for name in cfg.updaters:
+        get_updater(name)  # unknown updater names fail here, with the list of valid ones
+    return cfg  # type: ignore[return-value]
+
+
+def updater_hparams(cfg: DictConfig, name: str) -> Hparams:
+    """Build (and range-check) the hyperparameter dataclass of updater ``name``."""
+    cls = get_updater(name).hparams_cls
+    values = OmegaConf.to_container(cfg[name], resolve=True)
+    assert isinstance(values, dict)
+    try:
+        return cls(**{f.name: values[f.name] for f in dataclasses.fields(cls)})
+    except ConfigError as err:
+        raise err.under(name) from None

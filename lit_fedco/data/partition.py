@@ -1,0 +1,208 @@
+"""Partitioners: pure functions of the labels and an explicit ``numpy.random.Generator``.
+
+Each returns one sorted ``int64`` index array per client (indices into ``labels``).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from lit_fedco.errors import ConfigError
+
+PARTITIONS = ("quantity", "iid", "dirichlet", "dominant_class")
+
+
+def _check_clients(num_clients: int, n: int) -> None:
+    if num_clients < 1:
+        raise ConfigError.bad_value("data.num_clients", num_clients, "an int >= 1", "10")
+    if num_clients > n:
+        raise ConfigError.bad_value(
+            "data.num_clients", num_clients, f"at most the {n} samples available", str(min(10, n))
+        )
+
+
+def partition_iid(
+    labels: np.ndarray, num_clients: int, rng: np.random.Generator
+) -> list[np.ndarray]:
+    """A shuffled split into ``num_clients`` parts of (nearly) equal size."""
+    _check_clients(num_clients, len(labels))
+    perm = rng.permutation(len(labels))
+    return [np.sort(p).astype(np.int64) for p in np.array_split(perm, num_clients)]
+
+
+def partition_dirichlet(
+    labels: np.ndarray,
+    num_clients: int,
+    alpha: float,
+    rng: np.random.Generator,
+    min_size: int = 1,
+    max_tries: int = 100,
+) -> list[np.ndarray]:
+    """Label skew: for each class, the shares of the clients are drawn from Dir(α·1).
+
+    Small α gives each client few classes; large α tends to IID. Draws again (at most
+    ``max_tries`` times) until every client holds at least ``min_size`` samples.
+    """
+    _check_clients(num_clients, len(labels))
+    if not alpha > 0:
+        raise ConfigError.bad_value(
+            "data.alpha", alpha, "a float > 0 (smaller is more heterogeneous)", "0.5"
+        )
+    classes = np.unique(labels)
+    for _ in range(max_tries):
+        parts: list[list[int]] = [[] for _ in range(num_clients)]
+        for c in classes:
+            idx = rng.permutation(np.flatnonzero(labels == c))
+            shares = rng.dirichlet(np.full(num_clients, alpha))
+            cuts = (np.cumsum(shares)[:-1] * len(idx)).astype(int)
+            for k, chunk in enumerate(np.split(idx, cuts)):
+                parts[k].extend(chunk.tolist())
+        if min(len(p) for p in parts) >= min_size:
+            return [np.sort(np.asarray(p, dtype=np.int64)) for p in parts]
+    raise ConfigError.bad_value(
+        "data.alpha",
+        alpha,
+        f"a value for which every one of {num_clients} clients gets >= {min_size} samples "
+        f"(failed {max_tries} draws)",
+        "1.0 or fewer clients",
+    )
+
+
+def partition_quantity_imbalanced(
+    labels: np.ndarray,
+    num_clients: int,
+    big: int,
+    small: int,
+    rng: np.random.Generator,
+    small_classes: int | None = None,
+) -> list[np.ndarray]:
+    """The ComFedL paper's split (§5.1): client 0 holds ``big`` samples of all classes,
+    clients 1..K−1 hold ``small`` samples each.
+
+    With ``small_classes`` set, each small client draws only from that many classes (chosen by
+    ``rng``), adding label imbalance to the quantity imbalance. Clients are disjoint.
+    """
+    _check_clients(num_clients, len(labels))
+    if big < 1:
+        raise ConfigError.bad_value("data.big", big, "an int >= 1", "1000")
+    if small < 1:
+        raise ConfigError.bad_value("data.small", small, "an int >= 1", "20")
+    need = big + (num_clients - 1) * small
+    if need > len(labels):
+        raise ConfigError.bad_value(
+            "data.big",
+            big,
+            f"big + (num_clients − 1)·small <= {len(labels)} samples (got {need})",
+            str(max(1, len(labels) - (num_clients - 1) * small)),
+        )
+    classes = np.unique(labels)
+    if small_classes is not None and not 1 <= small_classes <= len(classes):
+        raise ConfigError.bad_value(
+            "data.small_classes", small_classes, f"an int in [1, {len(classes)}] or 0 (all)", "2"
+        )
+    free = np.ones(len(labels), dtype=bool)
+    parts: list[np.ndarray] = []
+    # Small clients first, so that their classes are not exhausted by the big client.
+    for _ in range(1, num_clients):
+        pool_classes = (
+            rng.choice(classes, size=small_classes, replace=False) if small_classes else classes
+        )
+        pool = np.flatnonzero(free & np.isin(labels, pool_classes))
+        if len(pool) < small:
+            raise ConfigError.bad_value(
+                "data.small", small, f"at most {len(pool)} (left in the chosen classes)", "20"
+            )
+        take = rng.choice(pool, size=small, replace=False)
+        free[take] = False
+        parts.append(np.sort(take).astype(np.int64))
+    big_part = rng.choice(np.flatnonzero(free), size=big, replace=False)
+    return [np.sort(big_part).astype(np.int64), *parts]
+
+
+def partition_dominant_class(
+    labels: np.ndarray,
+    num_clients: int,
+    rho: float,
+    rng: np.random.Generator,
+    samples_per_client: int | None = None,
+) -> list[np.ndarray]:
+    """ComFedL's personalised-FL split: client i holds a fraction ρ of its samples from class
+    i mod C and (1 − ρ)/(C − 1) from each other class (paper §5.2, ρ = 0.28).
+
+    Samples are drawn without replacement across clients; ``samples_per_client`` defaults to
+    the largest size the data allow.
+    """
+    _check_clients(num_clients, len(labels))
+    if not 0 < rho < 1:
+        raise ConfigError.bad_value("data.rho", rho, "a float in (0, 1)", "0.28")
+    classes = np.unique(labels)
+    c = len(classes)
+    # demand per class as a fraction of samples_per_client, summed over clients
+    dominant = np.zeros(c)
+    for i in range(num_clients):
+        dominant[i % c] += 1
+    demand = rho * dominant + (1 - rho) / (c - 1) * (num_clients - dominant)
+    counts = np.array([(labels == cl).sum() for cl in classes])
+    largest = int(np.floor((counts / demand).min()))
+    n = samples_per_client or largest
+    if n < 1 or n > largest:
+        raise ConfigError.bad_value(
+            "data.samples_per_client", n, f"an int in [1, {largest}] for these data", str(largest)
+        )
+    pools = {cl: list(rng.permutation(np.flatnonzero(labels == cl))) for cl in classes}
+    parts = []
+    for i in range(num_clients):
+        shares = np.full(c, (1 - rho) / (c - 1))
+        shares[i % c] = rho
+        want = _largest_remainder(shares * n, n)
+        chosen: list[int] = []
+        for j, cl in enumerate(classes):
+            chosen.extend(pools[cl][: want[j]])
+            del pools[cl][: want[j]]
+        parts.append(np.sort(np.asarray(chosen, dtype=np.int64)))
+    return parts
+
+
+def _largest_remainder(quotas: np.ndarray, total: int) -> np.ndarray:
+    """Integers summing to ``total`` that round ``quotas`` by the largest-remainder rule."""
+    base = np.floor(quotas).astype(int)
+    rest = total - base.sum()
+    order = np.argsort(-(quotas - base), kind="stable")
+    base[order[:rest]] += 1
+    return base
+
+
+def validation_like(
+    train_labels_per_client: list[np.ndarray],
+    pool_labels: np.ndarray,
+    per_client: int,
+    rng: np.random.Generator,
+) -> list[np.ndarray]:
+    """For each client, ``per_client`` held-out indices with the client's class proportions.
+
+    A client with 20 training images still gets a validation set of its own distribution.
+    Without replacement within a client (clients may share held-out samples).
+    """
+    if per_client < 1:
+        raise ConfigError.bad_value("data.val_per_client", per_client, "an int >= 1", "100")
+    classes = np.unique(pool_labels)
+    by_class = {c: np.flatnonzero(pool_labels == c) for c in classes}
+    out = []
+    for labels in train_labels_per_client:
+        props = np.array([(labels == c).mean() if len(labels) else 0.0 for c in classes])
+        want = _largest_remainder(props * per_client, per_client)
+        chosen = []
+        for c, w in zip(classes, want, strict=True):
+            if w:
+                pool = by_class[c]
+                chosen.append(rng.choice(pool, size=w, replace=w > len(pool)))
+        out.append(np.sort(np.concatenate(chosen)).astype(np.int64))
+    return out
+
+
+def partition_stats(labels: np.ndarray, parts: list[np.ndarray], num_classes: int) -> dict:
+    """Sizes and per-class counts of each part (reported with every run)."""
+    return {
+        "sizes": [len(p) for p in parts],
+        "class_counts": [np.bincount(labels[p], minlength=num_classes).tolist() for p in parts],
+    }

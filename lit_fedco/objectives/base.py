@@ -1,0 +1,107 @@
+"""Objectives: the functions an updater differentiates.
+
+An objective is stateless and written for **one client** on explicit parameter dicts, so that
+it can be vmapped over clients. A compositional objective exposes an inner map
+``y = g(x; batch)`` and an outer function ``f(y; batch)``; ``value = f(g(x)) + h(x)``.
+Where the composition lives (``ALGORITHMS.md``, "Problem families") is the class attribute
+:attr:`Objective.composition`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, ClassVar
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+from torch.func import functional_call
+
+Batch = dict[str, Tensor]
+"""One client's minibatch: ``{"x": inputs [b, ...], "y": targets [b]}``."""
+Context = dict[str, Tensor]
+"""Round-level values broadcast to every client (e.g. the log-space shift of the DRO weights)."""
+Params = dict[str, Tensor]
+
+
+def cross_entropy(logits: Tensor, target: Tensor) -> Tensor:
+    """Per-sample cross-entropy (no reduction)."""
+    return F.cross_entropy(logits, target, reduction="none")
+
+
+class Objective:
+    """Base class: plain empirical risk, ``g(x; B) = mean_i ℓ(x; ξ_i)`` (p = 1) and ``f(y) = y``.
+
+    Args:
+        model: the network, used only through :func:`torch.func.functional_call`.
+        sample_loss: per-sample loss ``ℓ(logits, target) -> [b]``; cross-entropy by default.
+    """
+
+    composition: ClassVar[str] = "erm"
+    """``"erm"``, ``"local"`` (ComFedL, FCSG), ``"distributed"`` (FedDRO) or ``"conditional"``."""
+    inner_dim: ClassVar[int] = 1
+    """p, the size of the inner value y (what FedDRO would communicate per step)."""
+    outer_needs_batch: ClassVar[bool] = False
+    """Whether ``outer`` reads a batch of its own (ComFedL's B̃); False for deterministic f."""
+    has_augment: ClassVar[bool] = False
+    """Whether :meth:`augment` draws conditional samples (the loop then passes generators)."""
+    has_probe: ClassVar[bool] = False
+    """Whether :meth:`probe` returns a value (the loop then runs it at the start of each round)."""
+
+    def __init__(
+        self, model: nn.Module, sample_loss: Callable[[Tensor, Tensor], Tensor] = cross_entropy
+    ) -> None:
+        self.model = model
+        self.sample_loss = sample_loss
+
+    def predict(self, params: Params, x: Tensor) -> Tensor:
+        """The model's output for inputs ``x`` under parameters ``params``."""
+        return functional_call(self.model, params, (x,))
+
+    def losses(self, params: Params, batch: Batch) -> Tensor:
+        """Per-sample losses ``ℓ(x; ξ_i)``, shape ``[b]``."""
+        return self.sample_loss(self.predict(params, batch["x"]), batch["y"])
+
+    def inner(self, params: Params, batch: Batch, ctx: Context) -> Any:
+        """The inner map ``g(x; batch)``; here the mean loss."""
+        return self.losses(params, batch).mean()
+
+    def outer(self, y: Any, batch: Batch | None, ctx: Context) -> Tensor:
+        """The outer function ``f(y)``; here the identity."""
+        return y
+
+    def value(self, params: Params, batches: dict[str, Batch], ctx: Context) -> Tensor:
+        """``f(g(x; B); B̃)`` on the step's batches (roles ``"inner"`` and, if used, ``"outer"``)."""
+        y = self.inner(params, batches["inner"], ctx)
+        return self.outer(y, batches.get("outer"), ctx)
+
+    def augment(self, batch: Batch, generators: list[torch.Generator]) -> Batch:
+        """Add samples drawn conditionally on the batch (FCSG's η | ξ), outside vmap.
+
+        ``batch`` holds every client of this process stacked (``[n, b, ...]``); generator i is
+        client i's for this round, seeded by (seed, client, round), so the draws do not depend
+        on how clients are spread over processes. Identity by default.
+        """
+        return batch
+
+    # Round-level hooks (see ComFedL's stable form). The default objective needs none.
+    def probe(self, params: Params, batch: Batch, ctx: Context) -> Tensor | None:
+        """A per-client scalar computed at the broadcast point before local steps, or None."""
+        return None
+
+    def round_context(self, probes: Tensor) -> Context:
+        """Round context from the cohort's probe values (a 1-D tensor, one per cohort client)."""
+        return {}
+
+    def client_weights(self, losses: Tensor) -> Tensor | None:
+        """Implied client weights at per-client losses ``losses`` [K] (DRO objectives), or None."""
+        return None
+
+    def describe(self) -> dict[str, Any]:
+        """What is logged with the run's config to say which form of the objective ran."""
+        return {"objective": type(self).__name__}
+
+
+def model_params(model: nn.Module, dtype: torch.dtype | None = None) -> Params:
+    """Detached copies of a module's parameters as a plain dict (the ``x`` of the state)."""
+    return {name: p.detach().clone().to(dtype or p.dtype) for name, p in model.named_parameters()}

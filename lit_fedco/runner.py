@@ -1,0 +1,204 @@
+"""Runs a recipe: config → Fabric → data → one FederatedLoop per (updater, seed) → table.
+
+Recipes (``lit_fedco/recipes/<name>.py``) are thin: they pass their defaults to
+:func:`main`. Everything a run needs is built here from the resolved config.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import torch
+from lightning.fabric import Fabric
+from omegaconf import DictConfig, OmegaConf
+
+from lit_fedco.config import load_config, updater_hparams
+from lit_fedco.data.federated import FederatedData, make_federated
+from lit_fedco.errors import ConfigError
+from lit_fedco.executors import make_executor
+from lit_fedco.loop import FederatedLoop, LoopConfig
+from lit_fedco.models import build_model
+from lit_fedco.tracking import check_tracking, finalize_loggers, make_loggers
+from lit_fedco.updaters.base import get_updater
+
+DTYPES = {"float32": torch.float32, "float64": torch.float64}
+
+TABLE_COLUMNS = [
+    ("val/acc_avg", "val avg acc"),
+    ("val/acc_worst", "val worst acc"),
+    ("train/acc_avg", "train avg acc"),
+    ("train/acc_worst", "train worst acc"),
+    ("comm/total_floats_per_client", "floats/client"),
+]
+
+
+def make_fabric(cfg: DictConfig) -> Fabric:
+    """A launched Fabric for the config's accelerator, devices, nodes and strategy."""
+    strategy = cfg.strategy
+    if strategy == "auto" and cfg.devices * cfg.num_nodes > 1:
+        strategy = "ddp"  # processes started by Fabric; gloo on CPU, NCCL on GPUs
+    fabric = Fabric(
+        accelerator=cfg.accelerator,
+        devices=cfg.devices,
+        num_nodes=cfg.num_nodes,
+        strategy=strategy,
+    )
+    fabric.launch()
+    return fabric
+
+
+def build_data(cfg: DictConfig, seed: int) -> FederatedData:
+    """The federated data set of the config (partition seeded by ``seed``)."""
+    d = cfg.data
+    return make_federated(SimpleNamespace(**OmegaConf.to_container(d), seed=seed))  # type: ignore[arg-type]
+
+
+def loop_config(cfg: DictConfig, seed: int) -> LoopConfig:
+    """The loop's schedule from the run config."""
+    return LoopConfig(
+        rounds=cfg.rounds,
+        local_steps=cfg.local_steps,
+        cohort=cfg.cohort,
+        batch_size=cfg.batch_size,
+        eval_every=cfg.eval_every,
+        seed=seed,
+        progress=cfg.progress,
+    )
+
+
+def check_run(cfg: DictConfig) -> None:
+    """Every check that can fail on user input, before any process starts or file is written."""
+    for name in cfg.updaters:
+        updater_hparams(cfg, name)
+    if cfg.dtype not in DTYPES:
+        raise ConfigError.bad_value("dtype", cfg.dtype, f"one of {sorted(DTYPES)}", "float32")
+    make_executor(cfg.executor, cfg.chunk_size)
+    check_tracking(list(cfg.tracking))
+    if cfg.resume and (len(cfg.updaters) != 1 or len(cfg.seeds) > 1):
+        raise ConfigError.bad_value(
+            "resume", cfg.resume, "a single updater and seed with it", "... updater=comfedl"
+        )
+    if cfg.devices < 1 or cfg.num_nodes < 1:
+        raise ConfigError.bad_value("devices", cfg.devices, "an int >= 1", "2")
+    data = build_data(cfg, cfg.seed)  # missing files, impossible splits
+    loop_config(cfg, cfg.seed).validate(data.num_clients, cfg.devices * cfg.num_nodes)
+    build_model(
+        cfg.model.name, tuple(data.x_train.shape[1:]), data.num_classes, 0, cfg.model.hidden
+    )
+
+
+def run_one(
+    fabric: Fabric, cfg: DictConfig, name: str, seed: int, recipe: str
+) -> tuple[dict[str, float], FederatedLoop]:
+    """Run updater ``name`` with ``seed``; returns its final metrics and the loop."""
+    dtype = DTYPES[cfg.dtype]
+    data = build_data(cfg, seed)
+    model = build_model(
+        cfg.model.name, tuple(data.x_train.shape[1:]), data.num_classes, seed, cfg.model.hidden
+    )
+    updater = get_updater(name)(updater_hparams(cfg, name), model)
+    loop_cfg = loop_config(cfg, seed)
+    run_name = f"{recipe}-{name}-seed{seed}"
+    out_dir = Path(cfg.out_dir)
+    loggers = (
+        make_loggers(
+            list(cfg.tracking),
+            out_dir,
+            run_name,
+            cfg.project,
+            {**OmegaConf.to_container(cfg, resolve=True), **updater.describe(), "seed": seed},  # type: ignore[dict-item]
+        )
+        if fabric.global_rank == 0
+        else []
+    )
+    loop = FederatedLoop(
+        fabric, updater, data, loop_cfg, make_executor(cfg.executor, cfg.chunk_size), dtype, loggers
+    )
+    if cfg.resume:
+        loop.load(cfg.resume)
+    start = time.perf_counter()
+    try:
+        final = loop.run()
+    finally:
+        finalize_loggers(loggers)
+    final = {**final, "time_s": time.perf_counter() - start}
+    if cfg.save_checkpoint:
+        loop.save(out_dir / f"{run_name}.ckpt")
+    return final, loop
+
+
+def format_table(rows: list[tuple[str, list[dict[str, float]]]]) -> str:
+    """A plain-text table: one row per updater, mean ± std over seeds."""
+    head = ["updater", *[label for _, label in TABLE_COLUMNS], "seeds"]
+    lines = []
+    for name, results in rows:
+        cells = [name]
+        for key, _ in TABLE_COLUMNS:
+            vals = torch.tensor([r[key] for r in results if key in r], dtype=torch.float64)
+            if len(vals) == 0:
+                cells.append("-")
+            elif key.startswith("comm/"):
+                cells.append(f"{vals.mean():.3g}")
+            elif len(vals) == 1:
+                cells.append(f"{vals.item():.4f}")
+            else:
+                cells.append(f"{vals.mean():.4f} ± {vals.std():.4f}")
+        cells.append(str(len(results)))
+        lines.append(cells)
+    widths = [max(len(str(r[i])) for r in [head, *lines]) for i in range(len(head))]
+    fmt = "  ".join(f"{{:<{w}}}" for w in widths)
+    out = [fmt.format(*head), fmt.format(*["-" * w for w in widths])]
+    out += [fmt.format(*r) for r in lines]
+    return "\n".join(out)
+
+
+def main(recipe: str, defaults: dict[str, Any], argv: list[str] | None = None) -> list[Any]:
+    """Entry point of every recipe: parse, run each (updater, seed), print and save a table.
+
+    Bad input ends the process with exit code 2 and a one-line message, before anything is
+    written.
+    """
+    argv = sys.argv[1:] if argv is None else argv
+    if any(a in ("-h", "--help", "help") for a in argv):
+        print(f"usage: python -m lit_fedco.recipes.{recipe} [preset=NAME] [key=value ...]\n")
+        print(OmegaConf.to_yaml(load_config([], defaults)))
+        return []
+    try:
+        cfg = load_config(argv, defaults)
+        check_run(cfg)
+    except ConfigError as err:
+        print(f"lit_fedco: {err}", file=sys.stderr)
+        raise SystemExit(2) from None
+    os.environ.setdefault("WANDB_SILENT", "true")
+    fabric = make_fabric(cfg)
+    seeds = list(cfg.seeds) or [cfg.seed]
+    rows = []
+    for name in cfg.updaters:
+        results = []
+        for seed in seeds:
+            final, _ = run_one(fabric, cfg, name, seed, recipe)
+            results.append(final)
+        rows.append((name, results))
+    if fabric.global_rank == 0:
+        table = format_table(rows)
+        print(f"\n{recipe}: final validation accuracy per client (avg = mean over clients)")
+        print(table)
+        out = Path(cfg.out_dir) / f"{recipe}-results.json"
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(
+            json.dumps(
+                {
+                    "config": OmegaConf.to_container(cfg, resolve=True),
+                    "results": {name: res for name, res in rows},
+                },
+                indent=1,
+            )
+        )
+        print(f"results: {out}")
+    return rows

@@ -1,0 +1,99 @@
+"""Pytree helpers for client and server state.
+
+State is a nested ``dict`` of tensors (a pytree): model parameters live under ``"x"`` as
+``{name: tensor}``; an updater adds its own entries (``"v"`` for momentum, ``"y"`` for an inner
+estimate, ...). One client's state has unbatched leaves; the executors stack the states of many
+clients along a new leading dimension.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import Tensor
+from torch.utils import _pytree as pytree
+
+State = dict[str, Any]
+"""A nested dict of tensors."""
+
+
+def tree_map(fn: Callable[..., Tensor], tree: Any, *rest: Any) -> Any:
+    """Apply ``fn`` leaf-wise over one or more trees of the same structure."""
+    return pytree.tree_map(fn, tree, *rest)
+
+
+def tree_leaves(tree: Any) -> list[Tensor]:
+    """The leaves of ``tree`` in a fixed (insertion) order."""
+    return pytree.tree_leaves(tree)
+
+
+def tree_clone(tree: Any) -> Any:
+    """A deep copy of every tensor leaf."""
+    return tree_map(lambda t: t.clone(), tree)
+
+
+def tree_axpy(alpha: float | Tensor, x: Any, y: Any) -> Any:
+    """``y + alpha * x`` leaf-wise."""
+    return tree_map(lambda a, b: b + alpha * a, x, y)
+
+
+def tree_sub(a: Any, b: Any) -> Any:
+    """``a - b`` leaf-wise."""
+    return tree_map(lambda u, v: u - v, a, b)
+
+
+def tree_scale(alpha: float | Tensor, a: Any) -> Any:
+    """``alpha * a`` leaf-wise."""
+    return tree_map(lambda u: alpha * u, a)
+
+
+def tree_dot(a: Any, b: Any) -> Tensor:
+    """Sum over leaves of the elementwise product (an inner product of flattened trees)."""
+    leaves_a, leaves_b = tree_leaves(a), tree_leaves(b)
+    return sum(((u * v).sum() for u, v in zip(leaves_a, leaves_b, strict=True)), torch.tensor(0.0))
+
+
+def stack(trees: list[Any]) -> Any:
+    """Stack a list of same-structure trees along a new leading dimension."""
+    return tree_map(lambda *ts: torch.stack(ts), *trees)
+
+
+def broadcast(tree: Any, n: int) -> Any:
+    """``n`` copies of ``tree`` stacked along a new leading dimension (materialised)."""
+    return tree_map(lambda t: t.unsqueeze(0).expand(n, *t.shape).clone(), tree)
+
+
+def index(tree: Any, i: int | slice | Tensor) -> Any:
+    """Select along the leading (client) dimension."""
+    return tree_map(lambda t: t[i], tree)
+
+
+def flatten(tree: Any) -> tuple[Tensor, list[tuple[torch.Size, int]], pytree.TreeSpec]:
+    """Concatenate all leaves into one flat 1-D buffer (one collective instead of one per leaf).
+
+    Returns:
+        The flat buffer, each leaf's (shape, numel), and the tree spec for :func:`unflatten`.
+    """
+    leaves, spec = pytree.tree_flatten(tree)
+    if not leaves:
+        return torch.zeros(0), [], spec
+    meta = [(t.shape, t.numel()) for t in leaves]
+    flat = torch.cat([t.reshape(-1) for t in leaves])
+    return flat, meta, spec
+
+
+def unflatten(flat: Tensor, meta: list[tuple[torch.Size, int]], spec: pytree.TreeSpec) -> Any:
+    """Inverse of :func:`flatten`."""
+    leaves = []
+    offset = 0
+    for shape, numel in meta:
+        leaves.append(flat[offset : offset + numel].view(shape))
+        offset += numel
+    return pytree.tree_unflatten(leaves, spec)
+
+
+def numel(tree: Any) -> int:
+    """Total number of elements over all leaves."""
+    return sum(t.numel() for t in tree_leaves(tree))

@@ -1,0 +1,62 @@
+"""Small shared builders for the tests (tiny real data, no files from ../shared)."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import numpy as np
+import torch
+from lightning.fabric import Fabric
+from lit_fedco.data.federated import FederatedData, make_federated
+
+from lit_fedco.executors import make_executor
+from lit_fedco.loop import FederatedLoop, LoopConfig
+from lit_fedco.models import build_model
+from lit_fedco.updaters import get_updater
+
+
+def digits_data(num_clients: int = 6, seed: int = 0, **kw) -> FederatedData:
+    """Real digits, quantity- and label-imbalanced, small."""
+    cfg = dict(
+        name="digits",
+        data_dir="",
+        partition="quantity",
+        num_clients=num_clients,
+        big=200,
+        small=20,
+        small_classes=2,
+        alpha=0.5,
+        rho=0.28,
+        val_per_client=30,
+        seed=seed,
+    )
+    cfg.update(kw)
+    return make_federated(SimpleNamespace(**cfg))
+
+
+def make_loop(
+    name: str = "comfedl",
+    hparams: dict | None = None,
+    executor: str = "vectorized",
+    dtype: torch.dtype = torch.float64,
+    fabric: Fabric | None = None,
+    data: FederatedData | None = None,
+    model: str = "logreg",
+    **loop_kw,
+) -> FederatedLoop:
+    """A FederatedLoop on small digits data with a fresh 1-process CPU Fabric."""
+    fabric = fabric or Fabric(accelerator="cpu", devices=1)
+    data = data or digits_data()
+    net = build_model(model, tuple(data.x_train.shape[1:]), data.num_classes, seed=0, hidden=16)
+    cls = get_updater(name)
+    updater = cls(cls.hparams_cls(**(hparams or {})), net)
+    cfg = dict(rounds=3, local_steps=3, cohort=4, batch_size=8, eval_every=1, progress=False)
+    cfg.update(loop_kw)
+    return FederatedLoop(fabric, updater, data, LoopConfig(**cfg), make_executor(executor), dtype)
+
+
+def flat_server(loop: FederatedLoop) -> np.ndarray:
+    """The server state as one float64 numpy vector."""
+    from lit_fedco.state import flatten
+
+    return flatten(loop.server)[0].double().cpu().numpy()

@@ -1,0 +1,108 @@
+"""Bad configuration is rejected with a message that names the key, the value and a fix."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from lit_fedco.config import load_config, updater_hparams
+from lit_fedco.errors import ConfigError
+from lit_fedco.recipes.comfedl_dro import DEFAULTS
+from lit_fedco.runner import main
+from lit_fedco.updaters import ComFedLHparams
+
+
+def test_defaults_and_overrides_merge_in_order(tmp_path):
+    preset = tmp_path / "p.yaml"
+    preset.write_text("rounds: 7\ncomfedl:\n  gamma: 0.2\n")
+    cfg = load_config([f"preset={preset}", "comfedl.gamma=0.3", "updater=fedavg"], DEFAULTS)
+    assert cfg.rounds == 7  # preset over recipe default
+    assert cfg.comfedl.gamma == 0.3  # command line over preset
+    assert list(cfg.updaters) == ["fedavg"]
+    assert cfg.local_steps == DEFAULTS["local_steps"]
+
+
+@pytest.mark.parametrize(
+    "argv,pattern",
+    [
+        (["roundz=3"], r"roundz: unknown config key .*did you mean 'rounds'"),
+        (
+            ["comfedl.gama=0.1"],
+            r"comfedl\.gama: unknown config key .*did you mean 'comfedl\.gamma'",
+        ),
+        (["rounds=many"], r"rounds: got 'many' .*expected a value of type int"),
+        (["comfedl.gamma=abc"], r"comfedl\.gamma: got 'abc' .*expected a value of type float"),
+        (["updater=comfed"], r"updater: got 'comfed', expected one of .*Did you mean 'comfedl'"),
+        (["rounds"], r"command line: got 'rounds', expected key=value"),
+        (["preset=nope"], r"preset: got 'nope', no such file"),
+    ],
+)
+def test_bad_keys_and_types_are_rejected(argv, pattern):
+    with pytest.raises(ConfigError, match=pattern):
+        load_config(argv, DEFAULTS)
+
+
+@pytest.mark.parametrize(
+    "argv,pattern",
+    [
+        (
+            ["comfedl.gamma=-1"],
+            r"comfedl\.gamma: got -1\.0, expected a float > 0; set e\.g\. comfedl\.gamma=0\.5",
+        ),
+        (["comfedl.lr=0"], r"comfedl\.lr: got 0\.0, expected a float > 0"),
+        (
+            ["comfedl.form=exact"],
+            r"comfedl\.form: got 'exact', expected one of \('stable', 'literal'\)",
+        ),
+    ],
+)
+def test_bad_updater_values_are_rejected(argv, pattern):
+    cfg = load_config(argv, DEFAULTS)
+    with pytest.raises(ConfigError, match=pattern):
+        updater_hparams(cfg, "comfedl")
+
+
+def test_hparams_dataclass_validates_directly():
+    with pytest.raises(ConfigError, match=r"gamma: got 0\.0, expected a float > 0"):
+        ComFedLHparams(gamma=0.0)
+
+
+@pytest.mark.parametrize(
+    "argv,pattern",
+    [
+        (["data.partition=zipf"], r"data\.partition: got 'zipf'"),
+        (["data.name=cifar7"], r"data\.name: got 'cifar7'"),
+        (["data.name=mnist", "data.data_dir=/nonexistent/x"], r"data\.data_dir: .*/nonexistent/x"),
+        (["data.big=100000"], r"data\.big"),
+        (["executor=gpu"], r"executor: got 'gpu', expected one of"),
+        (["cohort=50"], r"cohort: got 50, expected an int in \[1, 10\]"),
+        (["tracking=[wandbb]"], r"tracking: got 'wandbb'"),
+        (["dtype=float16"], r"dtype: got 'float16'"),
+    ],
+)
+def test_recipe_exits_2_with_one_clear_line_and_writes_nothing(tmp_path, capsys, argv, pattern):
+    with pytest.raises(SystemExit) as exc:
+        main("comfedl_dro", DEFAULTS, [*argv, f"out_dir={tmp_path / 'out'}", "progress=false"])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("lit_fedco: ")
+    assert "Traceback" not in err
+    import re
+
+    assert re.search(pattern, err), err
+    assert not (tmp_path / "out").exists()
+
+
+def test_command_line_error_has_no_traceback(tmp_path):
+    proc = subprocess.run(
+        [sys.executable, "-m", "lit_fedco.recipes.comfedl_dro", "comfedl.gamma=-2"],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=120,
+    )
+    assert proc.returncode == 2
+    assert "comfedl.gamma: got -2.0, expected a float > 0" in proc.stderr
+    assert "Traceback" not in proc.stderr
