@@ -88,6 +88,14 @@ def _client_step(upd: CompositionalUpdater, t: int, s: State, b: Any, c: Any) ->
     return upd.client_step(s, b, c, t)
 
 
+class Diverged(FloatingPointError):
+    """The training loss became NaN or infinite (the same round on every process)."""
+
+    def __init__(self, round_idx: int, message: str) -> None:
+        super().__init__(message)
+        self.round = round_idx
+
+
 def client_generator(seed: int, client: int, round_idx: int) -> torch.Generator:
     """A generator for client ``client``'s conditional samples in round ``round_idx``."""
     state = np.random.SeedSequence([seed, client, round_idx, 0xA06]).generate_state(2)
@@ -338,10 +346,11 @@ class FederatedLoop:
                     avg=f"{logs['val/acc_avg']:.3f}", worst=f"{logs['val/acc_worst']:.3f}"
                 )
             if not math.isfinite(logs.get("train/loss", 0.0)):
-                raise FloatingPointError(
+                bar.close()
+                raise Diverged(
+                    self.round,
                     f"{self.updater.name}: training loss became {logs['train/loss']} in round "
-                    f"{self.round}; lower the step size ({self.updater.name}.lr) or use the "
-                    "stable form"
+                    f"{self.round}; lower the step size ({self.updater.name}.lr)",
                 )
             if self.rank == 0:
                 for logger in self.loggers:

@@ -22,7 +22,7 @@ from lit_fedco.config import load_config, updater_hparams
 from lit_fedco.data.federated import FederatedData, make_federated
 from lit_fedco.errors import ConfigError
 from lit_fedco.executors import make_executor
-from lit_fedco.loop import FederatedLoop, LoopConfig
+from lit_fedco.loop import Diverged, FederatedLoop, LoopConfig
 from lit_fedco.models import build_model
 from lit_fedco.tracking import check_tracking, finalize_loggers, make_loggers
 from lit_fedco.updaters.base import get_updater
@@ -125,6 +125,10 @@ def run_one(
     start = time.perf_counter()
     try:
         final = loop.run()
+    except Diverged as err:  # a result, not a crash: reported in the table, the rest go on
+        if fabric.global_rank == 0:
+            print(f"lit_fedco: {err}", file=sys.stderr)
+        final = {"diverged_round": float(err.round)}
     finally:
         finalize_loggers(loggers)
     final = {**final, "time_s": time.perf_counter() - start}
@@ -139,9 +143,16 @@ def format_table(rows: list[tuple[str, list[dict[str, float]]]]) -> str:
     lines = []
     for name, results in rows:
         cells = [name]
+        diverged = [int(r["diverged_round"]) for r in results if "diverged_round" in r]
         for key, _ in TABLE_COLUMNS:
             vals = torch.tensor([r[key] for r in results if key in r], dtype=torch.float64)
-            if len(vals) == 0:
+            if diverged and not key.startswith("comm/"):
+                cells.append(
+                    f"diverged@{','.join(map(str, diverged))}"
+                    if not len(vals)
+                    else f"{vals.mean():.4f} ({len(diverged)} diverged)"
+                )
+            elif len(vals) == 0:
                 cells.append("-")
             elif key.startswith("comm/"):
                 cells.append(f"{vals.mean():.3g}")

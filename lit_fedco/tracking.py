@@ -81,7 +81,7 @@ def make_loggers(
     if "none" in tracking:
         return loggers
     if "csv" in tracking:
-        loggers.append(CSVTracker(root_dir=str(out_dir), name=run_name, version=0))
+        loggers.append(CSVTracker(root_dir=str(out_dir), name=run_name))
     if "wandb" in tracking and (mode := wandb_mode()) != "disabled":
         from lightning.pytorch.loggers import WandbLogger
 

@@ -107,7 +107,8 @@ def load_mnist(data_dir: str | Path, train: bool, fashion: bool = False) -> tupl
             f"{'training' if train else 'test'} files {stems[0]}[.gz] and {stems[1]}[.gz] in "
             f"{root / cls.__name__ / 'raw'} or in {root}; " + _how_to_get(fashion)
         )
-    key = hashlib.sha1("|".join(str(p.resolve()) for p in found).encode()).hexdigest()[:12]
+    ident = "|".join(f"{p.resolve()}:{p.stat().st_size}:{p.stat().st_mtime_ns}" for p in found)
+    key = hashlib.sha1(ident.encode()).hexdigest()[:12]  # a changed file gets a new cache
     cache = Path(tempfile.gettempdir()) / "lit_fedco-idx" / key
     raw = cache / cls.__name__ / "raw"
     raw.mkdir(parents=True, exist_ok=True)
