@@ -19,6 +19,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigKeyError, OmegaConfBaseException, ValidationError
 
 from lit_fedco.errors import ConfigError
+from lit_fedco.objectives.base import ProblemParams, available_problems, get_problem
 from lit_fedco.updaters.base import Hparams, available_updaters, get_updater
 
 PRESET_DIR = Path(__file__).resolve().parent.parent / "recipes"
@@ -30,8 +31,10 @@ class DataConfig:
     """The data set and its federated split (``lit_fedco.data``).
 
     Attributes:
-        name: ``digits`` (embedded, scikit-learn), ``mnist`` or ``fashion_mnist`` (local files).
-        data_dir: folder with the IDX files for mnist / fashion_mnist.
+        name: ``digits`` (embedded, scikit-learn), ``mnist`` or ``fashion_mnist`` (local files),
+            or a step-imbalanced ``digits_st``, ``cifar10_st``, ``cifar100_st``.
+        data_dir: folder with the IDX files for mnist / fashion_mnist, or with
+            ``cifar-10-batches-py/`` / ``cifar-100-python/`` for CIFAR.
         partition: ``quantity`` (ComFedL: one big client, K−1 small ones), ``iid``,
             ``dirichlet`` or ``dominant_class``.
         num_clients: K.
@@ -40,7 +43,24 @@ class DataConfig:
         small_classes: classes each small client draws from (0: all; label imbalance).
         alpha: Dirichlet concentration (dirichlet split).
         rho: fraction of a client's data from its dominant class (dominant_class split).
-        val_per_client: validation samples per client, drawn with its class proportions.
+        val_per_client: validation samples per client, drawn with its class proportions
+            (class-balanced for the step-imbalanced ``*_st`` sources).
+        imbalance_ratio: ρ ≥ 1 of the step-imbalanced sources ``digits_st``, ``cifar10_st``,
+            ``cifar100_st`` (``lit_fedco.data.cifar``): the last half of the classes keep
+            1/ρ of their training images; ignored by the other sources.
+        val_mode: ``client`` (``val_per_client`` samples drawn with the client's class
+            proportions) or ``all`` (the whole held-out set, unchanged, split evenly).
+        binary: relabel classes [0, C/2) as 0 (negative) and [C/2, C) as 1 (FCSG §5.3).
+        drop_positive: fraction of training positives removed (binary; FCSG §5.3: 0.8).
+        dim: d, features of the synthetic ``invariant_logreg`` source (FCSG §5.1: 10).
+        sigma1: σ₁, the scale of a ~ N(0, σ₁² I) in ``invariant_logreg``.
+        train_per_client: outer samples ξ = (a, b) per client in ``invariant_logreg``.
+        rotations: few-shot sources (partition ``classes``): copies of each class rotated by
+            multiples of 90° count as new classes (MAML's Omniglot augmentation).
+        classes_per_client: partition ``classes``: classes each client draws its tasks from
+            (0: a disjoint share of the training classes).
+        heldout_classes: partition ``classes`` on ``digits``: base classes kept for the
+            evaluation tasks (Omniglot uses its 1028/172/423 split).
     """
 
     name: str = "digits"
@@ -53,11 +73,23 @@ class DataConfig:
     alpha: float = 0.5
     rho: float = 0.28
     val_per_client: int = 100
+    imbalance_ratio: float = 10.0
+    val_mode: str = "client"
+    binary: bool = False
+    drop_positive: float = 0.0
+    dim: int = 10
+    sigma1: float = 1.0
+    train_per_client: int = 5000
+    rotations: int = 1
+    classes_per_client: int = 0
+    heldout_classes: int = 3
 
 
 @dataclass
 class ModelConfig:
-    """The network: ``logreg`` (multinomial logistic regression) or ``mlp`` (tanh, ``hidden``)."""
+    """The network: ``logreg`` (multinomial logistic regression), ``mlp`` (tanh, ``hidden``),
+    ``resnet20``, ``linear`` (a score without bias), ``cnn`` (a small CNN, ``hidden`` units) or
+    ``conv4`` (MAML's four-layer CNN, ``hidden`` filters)."""
 
     name: str = "logreg"
     hidden: int = 64
@@ -80,8 +112,17 @@ class RunConfig:
         out_dir: where logs, checkpoints and ``results.json`` go.
         project: the W&B project.
         progress: show a progress bar.
+        threads: torch's intra-op CPU threads per process (0: torch's default). Small models
+            run fastest with 1: their operations are too small to split, and idle threads
+            spinning on a shared machine slow every step.
         save_checkpoint: write ``<out_dir>/<run>.ckpt`` at the end of each run.
         resume: a checkpoint to continue from (one updater, one seed).
+        objective: a registered problem (``invariant_logreg``, ``auprc``, ``maml``) whose
+            objectives the updaters train, with its parameters under its name; empty: each
+            updater's own objective.
+        variants: run everything once per entry, each a space-separated list of
+            ``key=value`` overrides applied after the command line (e.g.
+            ``"invariant_logreg.m=100"``); empty: one run of the config as it is.
     """
 
     updaters: list[str] = field(default_factory=lambda: ["fedavg"])
@@ -103,8 +144,11 @@ class RunConfig:
     out_dir: str = "runs"
     project: str = "lit_fedco"
     progress: bool = True
+    threads: int = 0
     save_checkpoint: bool = False
     resume: str = ""
+    objective: str = ""
+    variants: list[str] = field(default_factory=list)
     data: DataConfig = field(default_factory=DataConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
 
@@ -116,6 +160,10 @@ def schema() -> DictConfig:
     for name in available_updaters():
         node = OmegaConf.structured(get_updater(name).hparams_cls)
         OmegaConf.set_readonly(node, False)  # frozen dataclasses come in read-only
+        cfg[name] = node
+    for name in available_problems():  # each problem's parameters under its name
+        node = OmegaConf.structured(get_problem(name).params_cls)
+        OmegaConf.set_readonly(node, False)
         cfg[name] = node
     OmegaConf.set_struct(cfg, True)
     return cfg
@@ -197,6 +245,8 @@ def load_config(argv: list[str], defaults: dict[str, Any] | None = None) -> Dict
         cfg = merged
     for name in cfg.updaters:
         get_updater(name)  # unknown updater names fail here, with the list of valid ones
+    if cfg.objective:
+        get_problem(cfg.objective)
     return cfg  # type: ignore[return-value]
 
 
@@ -209,3 +259,14 @@ def updater_hparams(cfg: DictConfig, name: str) -> Hparams:
         return cls(**{f.name: values[f.name] for f in dataclasses.fields(cls)})
     except ConfigError as err:
         raise err.under(name) from None
+
+
+def problem_params(cfg: DictConfig) -> ProblemParams:
+    """Build (and range-check) the parameters of the configured problem ``cfg.objective``."""
+    cls = get_problem(cfg.objective).params_cls
+    values = OmegaConf.to_container(cfg[cfg.objective], resolve=True)
+    assert isinstance(values, dict)
+    try:
+        return cls(**{f.name: values[f.name] for f in dataclasses.fields(cls)})
+    except ConfigError as err:
+        raise err.under(cfg.objective) from None

@@ -134,7 +134,8 @@ class FederatedLoop:
         k = data.num_clients
         cfg.validate(k, self.world)
         self.data = data.to(fabric.device, dtype)
-        self.sampler = BatchSampler(self.data, cfg.seed)
+        # The objective may bring its own sampler (FCSG's tasks, or positives in every batch).
+        self.sampler: BatchSampler = updater.objective.make_sampler(self.data, cfg.seed)
         self.server: State = tree_map(
             lambda t: t.to(fabric.device, dtype), updater.init_server(updater.params())
         )
@@ -150,7 +151,15 @@ class FederatedLoop:
             split: self._rows_of(self.eval_clients, split) for split in ("train", "val")
         }
         self.metrics = {
-            split: PerClientClassification(k, data.num_classes).to(fabric.device)
+            split: PerClientClassification(k, updater.objective.eval_classes(data.num_classes)).to(
+                fabric.device
+            )
+            for split in ("train", "val")
+        }
+        self.extra_metrics = {  # e.g. average precision over all rows of the split
+            split: {
+                name: m.to(fabric.device) for name, m in updater.objective.eval_metrics().items()
+            }
             for split in ("train", "val")
         }
         self.history: list[dict[str, float]] = []
@@ -299,16 +308,24 @@ class FederatedLoop:
         out: dict[str, float] = {}
         for split, metric in self.metrics.items():
             metric.reset()
+            extras = self.extra_metrics[split]
+            for extra in extras.values():
+                extra.reset()
             rows, owner = self._eval_rows[split]
             x_all, y_all = (
                 (self.data.x_train, self.data.y_train)
                 if split == "train"
                 else (self.data.x_val, self.data.y_val)
             )
-            for i in range(0, len(rows), self.cfg.eval_batch):
-                r = rows[i : i + self.cfg.eval_batch]
-                logits = self.updater.objective.predict(params, x_all[r])
-                metric.update(logits, y_all[r], owner[i : i + self.cfg.eval_batch])
+            outputs = self.updater.objective.eval_outputs(
+                params, x_all, y_all, rows, owner, self.cfg.eval_batch
+            )
+            for logits, target, who in outputs:
+                metric.update(logits, target, who)
+                for extra in extras.values():
+                    extra.update(logits, target, who)
+            for name, extra in extras.items():
+                out[f"{split}/{name}"] = float(extra.compute())
             res = metric.compute()
             for key, v in res.items():
                 if v.dim() == 0:

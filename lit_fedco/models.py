@@ -34,7 +34,116 @@ class MLP(nn.Module):
         return self.fc2(torch.tanh(self.fc1(x.flatten(1))))
 
 
-MODELS = ("logreg", "mlp")
+class _BasicBlock(nn.Module):
+    """Two 3×3 convolutions with GroupNorm and a parameter-free shortcut (He et al. option A:
+    subsample and zero-pad the channels where the shape changes)."""
+
+    def __init__(self, c_in: int, c_out: int, stride: int) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(c_in, c_out, 3, stride, 1, bias=False)
+        self.norm1 = nn.GroupNorm(2, c_out)
+        self.conv2 = nn.Conv2d(c_out, c_out, 3, 1, 1, bias=False)
+        self.norm2 = nn.GroupNorm(2, c_out)
+        self.stride, self.pad = stride, c_out - c_in
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = torch.relu(self.norm1(self.conv1(x)))
+        out = self.norm2(self.conv2(out))
+        short = x[:, :, :: self.stride, :: self.stride] if self.stride > 1 else x
+        if self.pad:
+            short = nn.functional.pad(short, (0, 0, 0, 0, 0, self.pad))
+        return torch.relu(out + short)
+
+
+class ResNet20(nn.Module):
+    """The CIFAR ResNet-20 of He et al. (2016, §4.2): a 3×3 convolution with 16 channels, three
+    stages of three basic blocks (16, 32, 64 channels, strides 1, 2, 2), global average
+    pooling and a linear layer; 0.27M parameters.
+
+    GroupNorm (2 groups) replaces BatchNorm: running statistics are buffers that
+    ``functional_call`` under ``vmap`` cannot keep per client, and batch statistics would make
+    evaluation depend on how rows are batched; Hsieh et al. (2020) recommend GroupNorm for
+    non-IID federated training.
+    """
+
+    def __init__(self, in_channels: int, num_classes: int) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(in_channels, 16, 3, 1, 1, bias=False)
+        self.norm = nn.GroupNorm(2, 16)
+        blocks: list[nn.Module] = []
+        c_in = 16
+        for c_out, stride in ((16, 1), (32, 2), (64, 2)):
+            for i in range(3):
+                blocks.append(_BasicBlock(c_in, c_out, stride if i == 0 else 1))
+                c_in = c_out
+        self.blocks = nn.Sequential(*blocks)
+        self.fc = nn.Linear(64, num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = self.blocks(torch.relu(self.norm(self.conv(x))))
+        return self.fc(out.mean(dim=(2, 3)))
+
+
+class LinearScore(nn.Module):
+    """A linear map without bias, ``x ↦ Wx`` (FCSG §5.1: the score aᵀx of x ∈ R^d)."""
+
+    def __init__(self, in_features: int, outputs: int) -> None:
+        super().__init__()
+        self.linear = nn.Linear(in_features, outputs, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.linear(x.flatten(1))
+
+
+class SmallCNN(nn.Module):
+    """Two 3×3 convolutions (16 and 32 channels, ReLU, 2×2 max-pooling), a hidden layer of
+    ``hidden`` units and a linear output (the "small CNN" of FCSG §5.3). No normalisation, so a
+    row's prediction does not depend on the other rows of its batch."""
+
+    def __init__(self, input_shape: tuple[int, ...], outputs: int, hidden: int) -> None:
+        super().__init__()
+        c, h, w = input_shape
+        self.conv1 = nn.Conv2d(c, 16, 3, padding=1)
+        self.conv2 = nn.Conv2d(16, 32, 3, padding=1)
+        self.fc1 = nn.Linear(32 * (h // 4) * (w // 4), hidden)
+        self.fc2 = nn.Linear(hidden, outputs)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = nn.functional.max_pool2d(torch.relu(self.conv1(x)), 2)
+        x = nn.functional.max_pool2d(torch.relu(self.conv2(x)), 2)
+        return self.fc2(torch.relu(self.fc1(x.flatten(1))))
+
+
+class Conv4(nn.Module):
+    """The four-layer CNN of MAML (Finn et al. 2017) for Omniglot: four blocks of a 3×3
+    convolution with ``filters`` channels and stride 2, batch normalisation and ReLU, then the
+    spatial mean and a linear layer.
+
+    Batch normalisation uses the statistics of the batch it sees, always
+    (``track_running_stats=False``): there are no buffers, ``functional_call`` over the
+    parameters is the whole model, and under ``vmap`` each task is normalised by its own rows —
+    as in MAML, which normalises with the statistics of the current batch at test time too.
+    """
+
+    def __init__(self, in_channels: int, outputs: int, filters: int = 64) -> None:
+        super().__init__()
+        layers: list[nn.Module] = []
+        c = in_channels
+        for _ in range(4):
+            layers += [
+                nn.Conv2d(c, filters, 3, stride=2, padding=1),
+                nn.BatchNorm2d(filters, track_running_stats=False),
+                nn.ReLU(),
+            ]
+            c = filters
+        self.features = nn.Sequential(*layers)
+        self.head = nn.Linear(filters, outputs)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.features(x).mean(dim=(2, 3)))
+
+
+MODELS = ("logreg", "mlp", "resnet20", "linear", "cnn", "conv4")
 
 
 def build_model(
@@ -53,4 +162,24 @@ def build_model(
             if hidden < 1:
                 raise ConfigError.bad_value("model.hidden", hidden, "an int >= 1", "64")
             return MLP(in_features, num_classes, hidden)
+        if name == "resnet20":
+            if len(input_shape) != 3:
+                raise ConfigError.bad_value(
+                    "model.name", name, f"images [C, H, W] for resnet20, got {input_shape}", "mlp"
+                )
+            return ResNet20(input_shape[0], num_classes)
+        if name == "linear":
+            return LinearScore(in_features, num_classes)
+        if name in ("cnn", "conv4"):
+            if len(input_shape) != 3 or hidden < 1:
+                raise ConfigError.bad_value(
+                    "model.name",
+                    name,
+                    f"images [C, H, W] and model.hidden >= 1 for {name}, "
+                    f"got {input_shape} and {hidden}",
+                    "mlp",
+                )
+            if name == "cnn":
+                return SmallCNN(input_shape, num_classes, hidden)
+            return Conv4(input_shape[0], num_classes, hidden)
     raise ConfigError.bad_value("model.name", name, f"one of {MODELS}", "logreg")

@@ -6,8 +6,10 @@ Recipes (``lit_fedco/recipes/<name>.py``) are thin: they pass their defaults to
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
+import shlex
 import sys
 import time
 from pathlib import Path
@@ -18,14 +20,15 @@ import torch
 from lightning.fabric import Fabric
 from omegaconf import DictConfig, OmegaConf
 
-from lit_fedco.config import load_config, updater_hparams
+from lit_fedco.config import load_config, problem_params, updater_hparams
 from lit_fedco.data.federated import FederatedData, make_federated
 from lit_fedco.errors import ConfigError
 from lit_fedco.executors import make_executor
 from lit_fedco.loop import Diverged, FederatedLoop, LoopConfig
 from lit_fedco.models import build_model
+from lit_fedco.objectives.base import get_problem
 from lit_fedco.tracking import check_tracking, finalize_loggers, make_loggers
-from lit_fedco.updaters.base import get_updater
+from lit_fedco.updaters.base import CompositionalUpdater, get_updater
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64}
 
@@ -38,8 +41,12 @@ TABLE_COLUMNS = [
 ]
 
 
-def make_fabric(cfg: DictConfig) -> Fabric:
-    """A launched Fabric for the config's accelerator, devices, nodes and strategy."""
+def make_fabric(cfg: DictConfig, callbacks: list[Any] | None = None) -> Fabric:
+    """A launched Fabric for the config's accelerator, devices, nodes and strategy.
+
+    ``callbacks`` are objects with any of the loop's hooks (``on_round_start(loop, cohort)``,
+    ``on_round_end(loop, logs)``, ``on_eval_end(loop, metrics)``), called through
+    ``fabric.call`` on every process."""
     strategy = cfg.strategy
     if strategy == "auto" and cfg.devices * cfg.num_nodes > 1:
         strategy = "ddp"  # processes started by Fabric; gloo on CPU, NCCL on GPUs
@@ -48,6 +55,7 @@ def make_fabric(cfg: DictConfig) -> Fabric:
         devices=cfg.devices,
         num_nodes=cfg.num_nodes,
         strategy=strategy,
+        callbacks=callbacks,
     )
     fabric.launch()
     return fabric
@@ -84,13 +92,34 @@ def check_run(cfg: DictConfig) -> None:
         raise ConfigError.bad_value(
             "resume", cfg.resume, "a single updater and seed with it", "... updater=comfedl"
         )
+    if cfg.threads < 0:
+        raise ConfigError.bad_value("threads", cfg.threads, "an int >= 0 (0: torch's default)", "1")
     if cfg.devices < 1 or cfg.num_nodes < 1:
         raise ConfigError.bad_value("devices", cfg.devices, "an int >= 1", "2")
     data = build_data(cfg, cfg.seed)  # missing files, impossible splits
     loop_config(cfg, cfg.seed).validate(data.num_clients, cfg.devices * cfg.num_nodes)
-    build_model(
-        cfg.model.name, tuple(data.x_train.shape[1:]), data.num_classes, 0, cfg.model.hidden
+    for name in cfg.updaters:  # model sizes, and an objective of the problem for each updater
+        build_updater(cfg, name, data, 0)
+
+
+def build_updater(
+    cfg: DictConfig, name: str, data: FederatedData, seed: int
+) -> CompositionalUpdater:
+    """Updater ``name`` with a model seeded by ``seed``.
+
+    With ``cfg.objective`` set, the problem decides the model's output size and gives the
+    updater the objective of the first of its compositions the problem offers (FCSG the
+    conditional objective, FedAvg the problem's empirical risk); otherwise the updater builds
+    its own objective and the model has one output per class.
+    """
+    cls = get_updater(name)
+    problem = get_problem(cfg.objective)(problem_params(cfg), data) if cfg.objective else None
+    outputs = problem.num_outputs() if problem else data.num_classes
+    model = build_model(
+        cfg.model.name, tuple(data.x_train.shape[1:]), outputs, seed, cfg.model.hidden
     )
+    objective = problem.objective_for(cls.compositions, model) if problem else None
+    return cls(updater_hparams(cfg, name), model, objective)
 
 
 def run_one(
@@ -99,11 +128,10 @@ def run_one(
     """Run updater ``name`` with ``seed``; returns its final metrics and the loop."""
     dtype = DTYPES[cfg.dtype]
     data = build_data(cfg, seed)
-    model = build_model(
-        cfg.model.name, tuple(data.x_train.shape[1:]), data.num_classes, seed, cfg.model.hidden
-    )
-    updater = get_updater(name)(updater_hparams(cfg, name), model)
+    updater = build_updater(cfg, name, data, seed)
     loop_cfg = loop_config(cfg, seed)
+    if updater.fixed_local_steps is not None:  # e.g. MBSGD: one step per round by definition
+        loop_cfg = dataclasses.replace(loop_cfg, local_steps=updater.fixed_local_steps)
     run_name = f"{recipe}-{name}-seed{seed}"
     out_dir = Path(cfg.out_dir)
     loggers = (
@@ -137,14 +165,21 @@ def run_one(
     return final, loop
 
 
-def format_table(rows: list[tuple[str, list[dict[str, float]]]]) -> str:
-    """A plain-text table: one row per updater, mean ± std over seeds."""
-    head = ["updater", *[label for _, label in TABLE_COLUMNS], "seeds"]
+def format_table(
+    rows: list[tuple[str, list[dict[str, float]]]],
+    columns: list[tuple[str, str]] | None = None,
+) -> str:
+    """A plain-text table: one row per updater, mean ± std over seeds.
+
+    ``columns`` are (metric key, label) pairs; :data:`TABLE_COLUMNS` by default.
+    """
+    columns = TABLE_COLUMNS if columns is None else columns
+    head = ["updater", *[label for _, label in columns], "seeds"]
     lines = []
     for name, results in rows:
         cells = [name]
         diverged = [int(r["diverged_round"]) for r in results if "diverged_round" in r]
-        for key, _ in TABLE_COLUMNS:
+        for key, _ in columns:
             vals = torch.tensor([r[key] for r in results if key in r], dtype=torch.float64)
             if diverged and not key.startswith("comm/"):
                 cells.append(
@@ -155,7 +190,7 @@ def format_table(rows: list[tuple[str, list[dict[str, float]]]]) -> str:
             elif len(vals) == 0:
                 cells.append("-")
             elif key.startswith("comm/"):
-                cells.append(f"{vals.mean():.3g}")
+                cells.append(f"{vals.mean():,.0f}")
             elif len(vals) == 1:
                 cells.append(f"{vals.item():.4f}")
             else:
@@ -169,11 +204,18 @@ def format_table(rows: list[tuple[str, list[dict[str, float]]]]) -> str:
     return "\n".join(out)
 
 
-def main(recipe: str, defaults: dict[str, Any], argv: list[str] | None = None) -> list[Any]:
+def main(
+    recipe: str,
+    defaults: dict[str, Any],
+    argv: list[str] | None = None,
+    columns: list[tuple[str, str]] | None = None,
+    callbacks: list[Any] | None = None,
+) -> list[Any]:
     """Entry point of every recipe: parse, run each (updater, seed), print and save a table.
 
     Bad input ends the process with exit code 2 and a one-line message, before anything is
-    written.
+    written. ``columns`` are the table's (metric key, label) pairs (:data:`TABLE_COLUMNS` by
+    default). ``callbacks`` receive the loop's hooks (see :func:`make_fabric`).
     """
     argv = sys.argv[1:] if argv is None else argv
     if any(a in ("-h", "--help", "help") for a in argv):
@@ -182,22 +224,31 @@ def main(recipe: str, defaults: dict[str, Any], argv: list[str] | None = None) -
         return []
     try:
         cfg = load_config(argv, defaults)
-        check_run(cfg)
+        # One config per entry of ``variants`` (its overrides applied last), or just cfg.
+        configs = [(v, load_config([*argv, *shlex.split(v)], defaults)) for v in cfg.variants] or [
+            ("", cfg)
+        ]
+        for _, c in configs:
+            check_run(c)
     except ConfigError as err:
         print(f"lit_fedco: {err}", file=sys.stderr)
         raise SystemExit(2) from None
     os.environ.setdefault("WANDB_SILENT", "true")
-    fabric = make_fabric(cfg)
+    if cfg.threads > 0:
+        torch.set_num_threads(cfg.threads)
+    fabric = make_fabric(cfg, callbacks)
     seeds = list(cfg.seeds) or [cfg.seed]
     rows = []
-    for name in cfg.updaters:
-        results = []
-        for seed in seeds:
-            final, _ = run_one(fabric, cfg, name, seed, recipe)
-            results.append(final)
-        rows.append((name, results))
+    for i, (variant, vcfg) in enumerate(configs):
+        tag = f"{recipe}-v{i}" if variant else recipe  # distinct run names per variant
+        for name in vcfg.updaters:
+            results = []
+            for seed in seeds:
+                final, _ = run_one(fabric, vcfg, name, seed, tag)
+                results.append(final)
+            rows.append((f"{name} [{variant}]" if variant else name, results))
     if fabric.global_rank == 0:
-        table = format_table(rows)
+        table = format_table(rows, columns)
         print(f"\n{recipe}: final validation accuracy per client (avg = mean over clients)")
         print(table)
         out = Path(cfg.out_dir) / f"{recipe}-results.json"

@@ -1,179 +1,369 @@
 """Experiment tracking through Lightning Fabric's logger interface: W&B and CSV.
 
-W&B runs offline automatically when no credentials are present (no ``WANDB_API_KEY`` and no
-``api.wandb.ai`` entry in ``~/.netrc``), so a run never stops at a login prompt;
-``WANDB_MODE=disabled`` or ``tracking=[none]`` writes nothing. The resolved config is logged
-with every run (W&B config; ``hparams.yaml`` beside the CSV metrics).
+``tracking`` lists the trackers of a run: ``[wandb, csv]`` (the default of the recipes),
+either one, or ``[none]``. Every logger receives the resolved config before the first metric:
+W&B as the run's config, CSV as ``hparams.yaml`` beside ``metrics.csv``.
+
+W&B never stops at a login prompt. Its mode is, in this order: ``WANDB_MODE`` when set
+(``disabled`` writes nothing at all, not even a ``wandb/`` folder); otherwise ``online`` when
+credentials are present (``WANDB_API_KEY``, ``WANDB_IDENTITY_TOKEN_FILE``, or a ``.netrc``
+entry for the W&B host, as ``wandb login`` writes it); otherwise ``offline``: the run is
+written under ``<out_dir>/wandb/offline-run-*`` and can be uploaded later with ``wandb sync``.
+``WANDB_MODE=online`` without credentials is an error before anything starts, rather than an
+interactive prompt.
+
+An offline run is one ``run-<id>.wandb`` file: W&B's transaction log of protobuf ``Record``
+messages (config, history rows, summary, exit code). :func:`read_wandb_offline_run` reads it
+back, so that tests can check what a run logged without a W&B server.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import netrc
 import os
 import struct
-from collections.abc import Iterator
+import zlib
+from argparse import Namespace
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import yaml
 from lightning.fabric.loggers import CSVLogger, Logger
+from lightning.fabric.utilities.rank_zero import rank_zero_only
+from lightning.pytorch.loggers import WandbLogger
+from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from lit_fedco.errors import ConfigError
 
 TRACKERS = ("wandb", "csv", "none")
 
+# WANDB_MODE values that wandb accepts, and what they mean here.
+_WANDB_MODES = {
+    "online": "online",
+    "run": "online",
+    "shared": "online",
+    "offline": "offline",
+    "dryrun": "offline",
+    "disabled": "disabled",
+}
+_WANDB_HOST = "https://api.wandb.ai"
 
-def check_tracking(tracking: list[str]) -> None:
-    """Raise a :class:`ConfigError` for names other than ``wandb``, ``csv`` and ``none``."""
-    for name in tracking:
+
+def check_tracking(tracking: list[str] | str) -> list[str]:
+    """Validate a ``tracking`` list and, with ``wandb`` in it, the W&B mode.
+
+    Called before any process starts, so that bad input fails at once.
+
+    Args:
+        tracking: any of ``"wandb"``, ``"csv"``; ``["none"]`` or ``[]`` for no tracking.
+            A single name is taken as a list of one.
+
+    Returns:
+        The names, as a list.
+
+    Raises:
+        ConfigError: for an unknown name, ``none`` together with a tracker, an unknown
+            ``WANDB_MODE``, or ``WANDB_MODE=online`` without credentials.
+    """
+    names = [tracking] if isinstance(tracking, str) else list(tracking)
+    for name in names:
         if name not in TRACKERS:
             raise ConfigError.bad_value(
-                "tracking", name, f"a list of {', '.join(map(repr, TRACKERS))}", "[wandb,csv]"
+                "tracking", name, "a list of 'wandb', 'csv' or 'none'", "[wandb,csv]"
             )
+    if "none" in names and len(set(names)) > 1:
+        raise ConfigError.bad_value(
+            "tracking", names, "'none' alone, or a list of 'wandb' and 'csv'", "[none]"
+        )
+    if "wandb" in names:
+        wandb_mode()
+    return names
 
 
 def wandb_mode() -> str:
-    """``disabled``, ``online`` or ``offline``: ``WANDB_MODE`` if set, else online only when
-    credentials are present."""
-    env = os.environ.get("WANDB_MODE", "").lower()
-    if env in ("disabled", "offline", "online"):
-        return env
-    if env == "dryrun":
-        return "offline"
-    if os.environ.get("WANDB_API_KEY"):
-        return "online"
+    """The W&B mode of a run started now: ``online``, ``offline`` or ``disabled``.
+
+    ``WANDB_MODE`` when set, else ``online`` when :func:`has_wandb_credentials`, else
+    ``offline``.
+
+    Raises:
+        ConfigError: for an unknown ``WANDB_MODE``, or ``WANDB_MODE=online`` (``run``,
+            ``shared``) without credentials, where wandb would otherwise prompt for a key.
+    """
+    env = os.environ.get("WANDB_MODE", "").strip().lower()
+    if not env:
+        return "online" if has_wandb_credentials() else "offline"
+    if env not in _WANDB_MODES:
+        raise ConfigError.bad_value(
+            "WANDB_MODE", env, "one of 'online', 'offline', 'disabled' (or unset)", "offline"
+        )
+    mode = _WANDB_MODES[env]
+    if mode == "online" and not has_wandb_credentials():
+        raise ConfigError(
+            f"WANDB_MODE: got {env!r}, but no W&B credentials were found (WANDB_API_KEY, "
+            f"WANDB_IDENTITY_TOKEN_FILE or a .netrc entry for {_wandb_netloc()}); "
+            "run `wandb login` first, or unset WANDB_MODE to log offline"
+        )
+    return mode
+
+
+def has_wandb_credentials() -> bool:
+    """Whether W&B finds credentials without asking: the checks of ``wandb`` 0.31's
+    ``wbauth`` (environment, then ``$NETRC`` / ``~/.netrc`` / ``~/_netrc`` for the host of
+    ``WANDB_BASE_URL``), read here without importing or starting wandb."""
+    if os.environ.get("WANDB_API_KEY") or os.environ.get("WANDB_IDENTITY_TOKEN_FILE"):
+        return True
+    if env_path := os.environ.get("NETRC"):
+        path = Path(env_path).expanduser()
+    else:
+        candidates = [Path("~/.netrc").expanduser(), Path("~/_netrc").expanduser()]
+        path = next((p for p in candidates if p.exists()), candidates[0])
     try:
-        auth = netrc.netrc(os.path.expanduser("~/.netrc")).authenticators("api.wandb.ai")
-    except (FileNotFoundError, netrc.NetrcParseError, OSError):
-        auth = None
-    return "online" if auth else "offline"
+        auth = netrc.netrc(str(path)).authenticators(_wandb_netloc())
+    except (OSError, netrc.NetrcParseError):
+        return False
+    return bool(auth and auth[2])
 
 
+def _wandb_netloc() -> str:
+    return urlsplit(os.environ.get("WANDB_BASE_URL") or _WANDB_HOST).netloc
+
+
+# --------------------------------------------------------------------------- loggers
 class CSVTracker(CSVLogger):
-    """Fabric's CSV logger, which does not implement ``log_hyperparams``, plus a
-    ``hparams.yaml`` beside ``metrics.csv`` holding the resolved config."""
+    """Fabric's CSV logger plus the resolved config as ``hparams.yaml`` beside ``metrics.csv``.
 
+    Fabric's :class:`~lightning.fabric.loggers.CSVLogger` raises ``NotImplementedError`` in
+    ``log_hyperparams``; this one writes the file (on rank 0 only, like the metrics).
+    """
+
+    @rank_zero_only
     def log_hyperparams(self, params: Any, *args: Any, **kwargs: Any) -> None:
-        path = Path(self.log_dir)
+        """Write ``params`` (a dict, ``DictConfig``, ``Namespace`` or dataclass) to
+        ``<log_dir>/hparams.yaml``, replacing the file atomically."""
+        # The writer first: it warns about (and clears) a log folder that already has files.
+        path = Path(self.experiment.log_dir)
         path.mkdir(parents=True, exist_ok=True)
         tmp = path / ".hparams.yaml.part"
-        tmp.write_text(yaml.safe_dump(_plain(params), sort_keys=False))
+        tmp.write_text(yaml.safe_dump(plain_config(params), sort_keys=False))
         tmp.replace(path / "hparams.yaml")
 
 
-def _plain(obj: Any) -> Any:
-    if isinstance(obj, dict):
-        return {str(k): _plain(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_plain(v) for v in obj]
-    if isinstance(obj, (str, int, float, bool)) or obj is None:
-        return obj
-    return str(obj)
+class WandbTracker(WandbLogger):
+    """Lightning's W&B logger, whose ``finalize`` also ends the W&B run.
+
+    Ending the run flushes an offline run's files and lets the next logger in the same process
+    start a new run (Lightning's logger otherwise attaches to a run still in progress).
+    """
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        # Lightning always passes anonymous=None, on which wandb >= 0.2x prints a warning.
+        init = getattr(self, "_wandb_init", None)
+        if isinstance(init, dict) and init.get("anonymous") is None:
+            init.pop("anonymous", None)
+
+    @rank_zero_only
+    def finalize(self, status: str) -> None:
+        """End the W&B run: exit code 0 for ``status == "success"``, else 1."""
+        super().finalize(status)
+        run = self._experiment
+        if run is not None and hasattr(run, "finish"):
+            run.finish(exit_code=0 if status == "success" else 1)
+        self._experiment = None
 
 
 def make_loggers(
-    tracking: list[str], out_dir: str | Path, run_name: str, project: str, config: dict[str, Any]
+    tracking: list[str] | str,
+    out_dir: str | Path,
+    run_name: str,
+    project: str,
+    config: Mapping[str, Any] | Namespace | Any,
 ) -> list[Logger]:
-    """Loggers for ``tracking`` (any of ``wandb``, ``csv``; ``[none]`` for none), each already
-    holding the resolved ``config``."""
-    check_tracking(tracking)
-    loggers: list[Logger] = []
-    if "none" in tracking:
-        return loggers
-    if "csv" in tracking:
-        loggers.append(CSVTracker(root_dir=str(out_dir), name=run_name))
-    if "wandb" in tracking and (mode := wandb_mode()) != "disabled":
-        from lightning.pytorch.loggers import WandbLogger
+    """Loggers for ``tracking``, each already holding the resolved ``config``.
 
-        os.environ.setdefault("WANDB_SILENT", "true")
-        Path(out_dir).mkdir(parents=True, exist_ok=True)
-        loggers.append(
-            WandbLogger(
-                save_dir=str(out_dir),
-                project=project,
-                name=run_name,
-                group=run_name.split("-")[0],
-                offline=mode == "offline",
-            )
-        )
+    Args:
+        tracking: any of ``"wandb"``, ``"csv"``; ``["none"]`` or ``[]`` for none.
+        out_dir: CSV logs go to ``<out_dir>/<run_name>/version_<n>/``, W&B runs to
+            ``<out_dir>/wandb/``.
+        run_name: the run's name (W&B display name, CSV folder). Its part before the first
+            ``-`` is the W&B group, so that a recipe's updaters and seeds group together.
+        project: the W&B project.
+        config: the resolved config (dict, ``DictConfig``, ``Namespace`` or dataclass).
+
+    Returns:
+        The loggers, for ``Fabric(loggers=...)`` or a loop's ``log_metrics`` calls; end them
+        with :func:`finalize_loggers`. Empty for ``[none]`` and for W&B alone with
+        ``WANDB_MODE=disabled``. Safe to call on every rank: only rank 0 writes.
+
+    Raises:
+        ConfigError: as :func:`check_tracking`.
+    """
+    names = check_tracking(tracking)
+    params = plain_config(config)
+    loggers: list[Logger] = []
+    if "csv" in names:
+        loggers.append(CSVTracker(root_dir=str(out_dir), name=run_name))
+    if "wandb" in names and (mode := wandb_mode()) != "disabled":
+        loggers.append(_wandb_logger(Path(out_dir), run_name, project, mode))
     for logger in loggers:
-        logger.log_hyperparams(config)
+        logger.log_hyperparams(params)
     return loggers
 
 
-def finalize_loggers(loggers: list[Logger]) -> None:
-    """Flush and close every logger (ends the W&B run so its files are complete)."""
-    for logger in loggers:
-        logger.finalize("success")
-        if type(logger).__name__ == "WandbLogger":
-            import wandb
+def _wandb_logger(out_dir: Path, run_name: str, project: str, mode: str) -> WandbTracker:
+    import wandb
 
-            wandb.finish()
+    # wandb falls back to a temporary folder when ``dir`` does not exist
+    if getattr(rank_zero_only, "rank", 0) == 0:
+        out_dir.mkdir(parents=True, exist_ok=True)
+    # Keep the lines that say where the run is saved, drop the sparkline summary at the end,
+    # unless the user chose otherwise through the environment.
+    quiet = not any(k in os.environ for k in ("WANDB_QUIET", "WANDB_SILENT"))
+    return WandbTracker(
+        save_dir=str(out_dir),
+        project=project,
+        name=run_name,
+        group=run_name.split("-")[0],
+        mode=mode,  # passed to wandb.init, instead of offline=True which sets WANDB_MODE
+        settings=wandb.Settings(quiet=True) if quiet else None,
+    )
+
+
+def finalize_loggers(loggers: list[Logger], status: str = "success") -> None:
+    """Flush and close every logger: the CSV file is written, the W&B run ended (its offline
+    files complete). ``status`` is ``"success"`` or e.g. ``"failed"``."""
+    for logger in loggers:
+        logger.finalize(status)
+
+
+def plain_config(config: Any) -> Any:
+    """``config`` as plain YAML/JSON data: dicts, lists, str, int, float, bool, None.
+
+    ``DictConfig`` is resolved, ``Namespace`` and dataclasses become dicts, numpy and torch
+    scalars numbers, anything else its ``str``.
+    """
+    if isinstance(config, (DictConfig, ListConfig)):
+        config = OmegaConf.to_container(config, resolve=True)
+    if isinstance(config, Namespace):
+        config = vars(config)
+    if dataclasses.is_dataclass(config) and not isinstance(config, type):
+        config = dataclasses.asdict(config)
+    if isinstance(config, Mapping):
+        return {str(k): plain_config(v) for k, v in config.items()}
+    if isinstance(config, (list, tuple, set, frozenset)):
+        return [plain_config(v) for v in config]
+    if config is None or isinstance(config, str):
+        return config
+    for kind in (bool, int, float):  # bool first: it is an int; numpy floats are floats
+        if isinstance(config, kind):
+            return kind(config)
+    item = getattr(config, "item", None)  # numpy and torch scalars
+    if callable(item) and getattr(config, "ndim", None) == 0:
+        return plain_config(item())
+    return str(config)
 
 
 # --------------------------------------------------------------------------- reading W&B back
+# A .wandb file is a 7-byte header (":W&B", magic 0xBEE1, version) followed by LevelDB's log
+# format: 32 KiB blocks of chunks, each with a 7-byte header (CRC-32, length, type), a record
+# split over FIRST/MIDDLE/LAST chunks where it crosses a block. The header counts towards the
+# first block. The CRC is zlib's CRC-32 of the type byte followed by the payload.
 _BLOCK = 32768
-_HEADER = 7  # ":W&B", 2-byte magic, 1-byte version
+_CHUNK_HEADER = 7
+_FULL, _FIRST, _MIDDLE, _LAST = 1, 2, 3, 4
 
 
-def _wandb_records(path: Path) -> Iterator[bytes]:
-    """The payloads of a ``.wandb`` transaction log (LevelDB log format: 32 KiB blocks of
-    records with a 7-byte header: crc32c, length, type FULL/FIRST/MIDDLE/LAST)."""
-    data = path.read_bytes()
-    if data[:4] != b":W&B":
-        raise ValueError(f"{path} is not a W&B transaction log")
-    pos, pending = _HEADER, b""
-    while pos + 7 <= len(data):
+def wandb_records(path: str | Path) -> Iterator[bytes]:
+    """The serialized ``Record`` messages of a ``.wandb`` transaction log, in order.
+
+    A record cut short at the end of the file (a run killed while writing) ends the iteration.
+
+    Raises:
+        ValueError: if the file is not a W&B log or a chunk fails its checksum.
+    """
+    data = Path(path).read_bytes()
+    if len(data) < 7 or data[:4] != b":W&B" or data[4:6] != b"\xe1\xbe":
+        raise ValueError(f"{path} is not a W&B transaction log (no ':W&B' header)")
+    pos, parts = 7, b""
+    while pos + _CHUNK_HEADER <= len(data):
         left = _BLOCK - pos % _BLOCK
-        if left < 7:  # block trailer padding
+        if left < _CHUNK_HEADER:  # a block ends in zero padding shorter than a chunk header
             pos += left
             continue
-        _crc, length, kind = struct.unpack("<IHB", data[pos : pos + 7])
-        payload = data[pos + 7 : pos + 7 + length]
-        pos += 7 + length
-        if kind == 0 and length == 0:
+        crc, length, kind = struct.unpack_from("<IHB", data, pos)
+        start, pos = pos + _CHUNK_HEADER, pos + _CHUNK_HEADER + length
+        if pos > len(data):
+            return
+        payload = data[start:pos]
+        if kind == 0 and length == 0 and crc == 0:  # zeroed space: skip to the next block
             pos += _BLOCK - pos % _BLOCK if pos % _BLOCK else 0
             continue
-        if kind == 1:
+        if zlib.crc32(payload, zlib.crc32(bytes([kind]))) != crc:
+            raise ValueError(f"{path}: bad checksum in the chunk at byte {start - 7}")
+        if kind == _FULL:
             yield payload
-        elif kind == 2:
-            pending = payload
-        elif kind == 3:
-            pending += payload
-        elif kind == 4:
-            yield pending + payload
-            pending = b""
+        elif kind == _FIRST:
+            parts = payload
+        elif kind == _MIDDLE:
+            parts += payload
+        elif kind == _LAST:
+            yield parts + payload
+            parts = b""
 
 
 def read_wandb_offline_run(run_dir: str | Path) -> dict[str, Any]:
-    """What an offline W&B run wrote: ``{"config": {...}, "history": [{...}, ...]}``.
+    """What a W&B run wrote to its ``run-<id>.wandb`` file, read with W&B's own protobuf schema.
 
-    Reads the run's ``run-<id>.wandb`` file with W&B's own protobuf ``Record`` schema.
+    Args:
+        run_dir: the run's folder, e.g. ``<out_dir>/wandb/offline-run-<date>-<id>``.
+
+    Returns:
+        ``run_id``, ``project``, ``name``; ``config`` (the logged config, without W&B's own
+        ``_wandb`` entry); ``history`` (one dict per ``log`` call, W&B's ``_step``,
+        ``_runtime`` and ``_timestamp`` included; Lightning adds ``trainer/global_step``);
+        ``summary`` (the last value of each key); ``exit_code`` (None if the run never ended).
+        Values are decoded from JSON; a nested key reads ``a.b``.
     """
-    import json
-
     from wandb.proto import wandb_internal_pb2 as pb
 
     files = sorted(Path(run_dir).glob("run-*.wandb"))
-    if not files:
-        raise FileNotFoundError(f"no run-*.wandb file in {run_dir}")
-    config: dict[str, Any] = {}
-    history: list[dict[str, Any]] = []
-    for payload in _wandb_records(files[0]):
+    if len(files) != 1:
+        raise FileNotFoundError(
+            f"expected one run-*.wandb file in {run_dir}, found {[f.name for f in files]}"
+        )
+    out: dict[str, Any] = {"run_id": None, "project": None, "name": None, "config": {}}
+    out.update(history=[], summary={}, exit_code=None)
+    for payload in wandb_records(files[0]):
         rec = pb.Record()  # type: ignore[attr-defined]
         rec.ParseFromString(payload)
         kind = rec.WhichOneof("record_type")
-        if kind == "config":
-            for item in rec.config.update:
-                config[item.key] = json.loads(item.value_json)
-        elif kind == "run":
-            for item in rec.run.config.update:
-                config[item.key] = json.loads(item.value_json)
+        if kind == "run":
+            out.update(run_id=rec.run.run_id, project=rec.run.project, name=rec.run.display_name)
+            _apply(out["config"], rec.run.config.update, rec.run.config.remove)
+        elif kind == "config":
+            _apply(out["config"], rec.config.update, rec.config.remove)
         elif kind == "history":
-            history.append(
-                {
-                    (item.key or "/".join(item.nested_key)): json.loads(item.value_json)
-                    for item in rec.history.item
-                }
-            )
-    return {"config": config, "history": history}
+            out["history"].append({_key(i): json.loads(i.value_json) for i in rec.history.item})
+        elif kind == "summary":
+            _apply(out["summary"], rec.summary.update, rec.summary.remove)
+        elif kind == "exit":
+            out["exit_code"] = rec.exit.exit_code
+    for section in ("config", "summary"):
+        out[section] = {k: v for k, v in out[section].items() if not k.startswith("_wandb")}
+    return out
+
+
+def _key(item: Any) -> str:
+    return item.key or ".".join(item.nested_key)
+
+
+def _apply(target: dict[str, Any], updates: Any, removes: Any) -> None:
+    for item in updates:
+        target[_key(item)] = json.loads(item.value_json)
+    for item in removes:
+        target.pop(_key(item), None)

@@ -57,6 +57,35 @@ def test_communication_is_counted_per_client():
     assert logs["comm/down_floats_per_client"] == d + 2
 
 
+def test_callbacks_see_every_round_and_evaluation():
+    from lightning.fabric import Fabric
+
+    class Recorder:
+        def __init__(self):
+            self.events = []
+
+        def on_round_start(self, loop, cohort):
+            self.events.append(("start", loop.round, len(cohort)))
+
+        def on_round_end(self, loop, logs):
+            self.events.append(("end", loop.round, "train/loss" in logs))
+
+        def on_eval_end(self, loop, metrics):
+            self.events.append(("eval", loop.round, "val/acc_worst" in metrics))
+
+    rec = Recorder()
+    fabric = Fabric(accelerator="cpu", devices=1, callbacks=[rec])
+    loop = make_loop("fedavg", {"lr": 0.1}, rounds=2, eval_every=2, fabric=fabric)
+    loop.run()
+    assert rec.events == [
+        ("start", 0, 4),
+        ("end", 1, True),
+        ("start", 1, 4),
+        ("end", 2, True),
+        ("eval", 2, True),
+    ]
+
+
 def test_comfedl_lifts_the_weight_of_the_worst_client():
     loop = make_loop("comfedl", {"lr": 0.05, "gamma": 0.2}, rounds=2, cohort=6)
     out = loop.run()

@@ -33,12 +33,23 @@ def test_iid_covers_everything_once():
     assert max(map(len, parts)) - min(map(len, parts)) <= 1
 
 
-def test_partitions_are_deterministic_in_the_rng_and_vary_with_it():
-    a = partition_dirichlet(LABELS, 5, 0.5, rng(1))
-    b = partition_dirichlet(LABELS, 5, 0.5, rng(1))
-    c = partition_dirichlet(LABELS, 5, 0.5, rng(2))
+PARTITIONERS = {
+    "iid": lambda g: partition_iid(LABELS, 5, g),
+    "dirichlet": lambda g: partition_dirichlet(LABELS, 5, 0.5, g),
+    "quantity": lambda g: partition_quantity_imbalanced(LABELS, 5, 300, 20, g, small_classes=3),
+    "dominant_class": lambda g: partition_dominant_class(LABELS, 5, 0.28, g),
+}
+
+
+@pytest.mark.parametrize("name", sorted(PARTITIONERS))
+def test_partitions_are_deterministic_in_the_rng_and_vary_with_it(name):
+    a, b, c = (PARTITIONERS[name](rng(s)) for s in (1, 1, 2))
     assert all(np.array_equal(x, y) for x, y in zip(a, b, strict=True))
     assert not all(np.array_equal(x, y) for x, y in zip(a, c, strict=True))
+    assert disjoint(a) and len(a) == 5
+    for p in a:  # sorted int64 indices into LABELS
+        assert p.dtype == np.int64 and np.all(np.diff(p) > 0)
+        assert p.min() >= 0 and p.max() < len(LABELS)
 
 
 def _mean_max_class_fraction(parts):
@@ -66,6 +77,19 @@ def test_quantity_split_sizes_and_small_classes():
         assert len(np.unique(LABELS[p])) <= 2
 
 
+def test_quantity_split_without_small_classes_uses_all_classes():
+    for small_classes in (None, 0):
+        parts = partition_quantity_imbalanced(LABELS, 3, 600, 200, rng(), small_classes)
+        assert [len(p) for p in parts] == [600, 200, 200] and disjoint(parts)
+        assert all(len(np.unique(LABELS[p])) == 10 for p in parts)
+
+
+def test_quantity_split_big_client_is_roughly_uniform():
+    parts = partition_quantity_imbalanced(LABELS, 10, 500, 20, rng(), small_classes=2)
+    counts = np.bincount(LABELS[parts[0]], minlength=10)
+    assert counts.min() >= 30 and counts.max() <= 70  # 50 expected per class
+
+
 def test_dominant_class_fraction_is_rho():
     parts = partition_dominant_class(LABELS, 10, 0.28, rng(), samples_per_client=50)
     assert disjoint(parts)
@@ -74,6 +98,23 @@ def test_dominant_class_fraction_is_rho():
         assert len(p) == 50
         assert counts[i] == 14  # 0.28 · 50
         assert all(abs(counts[j] - 0.08 * 50) <= 1 for j in range(10) if j != i)
+
+
+@pytest.mark.parametrize("num_clients", [2, 3, 7, 11, 13, 17, 23])
+@pytest.mark.parametrize("rho", [0.13, 0.28, 0.5, 0.91])
+def test_dominant_class_gives_equal_sizes_when_rounding_is_tight(num_clients, rho):
+    labels = np.repeat(np.arange(10), np.arange(100, 110))  # uneven classes
+    parts = partition_dominant_class(labels, num_clients, rho, rng())
+    assert len({len(p) for p in parts}) == 1 and disjoint(parts)
+    n = len(parts[0])
+    for i, p in enumerate(parts):
+        assert abs(np.bincount(labels[p], minlength=10)[i % 10] - rho * n) < 1
+
+
+def test_dominant_class_default_size_uses_the_data():
+    parts = partition_dominant_class(LABELS, 10, 0.28, rng())
+    assert [len(p) for p in parts] == [100] * 10  # 0.28 + 9 · 0.08 = 1: every sample is used
+    assert disjoint(parts)
 
 
 def test_validation_like_matches_class_proportions():
@@ -87,6 +128,35 @@ def test_validation_like_matches_class_proportions():
         assert np.abs(train_frac - val_frac).max() <= 1 / 40 + 1e-12
     stats = partition_stats(LABELS, parts, 10)
     assert stats["sizes"] == [200, 20, 20, 20]
+
+
+def test_validation_like_is_without_replacement_within_a_client():
+    pool = np.repeat(np.arange(10), 30)
+    val = validation_like([LABELS[:100], LABELS[100:300]], pool, 30, rng())
+    assert [len(v) for v in val] == [30, 30]
+    assert len(set(val[0].tolist())) == 30 and set(pool[val[0]].tolist()) == {0}
+    assert np.bincount(pool[val[1]], minlength=10).tolist() == [0, 15, 15] + [0] * 7
+
+
+def test_validation_like_edge_cases():
+    pool = np.repeat(np.arange(3), [2, 50, 50])
+    # a class with too few held-out samples: all of them, then the rest with replacement
+    (v,) = validation_like([np.zeros(5, dtype=int)], pool, 6, rng())
+    assert len(v) == 6 and set(pool[v].tolist()) == {0} and set(v.tolist()) == {0, 1}
+    # a client with no labels (or none in the pool) gets the pool's proportions
+    empty, alien = validation_like([np.array([], dtype=int), np.array([7, 7])], pool, 51, rng())
+    assert np.bincount(pool[empty], minlength=3).tolist() == [1, 25, 25]
+    assert len(alien) == 51
+    # classes absent from the pool are left out of the proportions
+    (mixed,) = validation_like([np.array([1, 1, 7, 7])], pool, 10, rng())
+    assert set(pool[mixed].tolist()) == {1} and len(mixed) == 10
+
+
+def test_partition_stats_counts_classes():
+    parts = [np.array([0, 1, 100]), np.array([999])]
+    stats = partition_stats(LABELS, parts, 10)
+    assert stats["sizes"] == [3, 1]
+    assert stats["class_counts"] == [[2, 1] + [0] * 8, [0] * 9 + [1]]
 
 
 @pytest.mark.parametrize(
@@ -113,6 +183,46 @@ def test_validation_like_matches_class_proportions():
             r"data\.rho: got 1\.5, expected a float in \(0, 1\)",
         ),
         (lambda: validation_like([LABELS[:5]], LABELS, 0, rng()), r"data\.val_per_client: got 0"),
+        (
+            lambda: partition_iid(LABELS[:5], 6, rng()),
+            r"data\.num_clients: got 6, expected at most the 5 samples",
+        ),
+        (
+            lambda: partition_dirichlet(LABELS, 0, 0.5, rng()),
+            r"data\.num_clients: got 0, expected an int >= 1",
+        ),
+        (
+            lambda: partition_dirichlet(LABELS, 10, 0.5, rng(), min_size=101),
+            r"data\.num_clients: got 10, expected num_clients \* min_size <= the 1000 samples",
+        ),
+        (
+            lambda: partition_dirichlet(LABELS, 10, 0.001, rng(), min_size=90, max_tries=3),
+            r"data\.alpha: got 0\.001, .*failed 3 draws",
+        ),
+        (
+            lambda: partition_quantity_imbalanced(LABELS, 10, 100, 0, rng()),
+            r"data\.small: got 0, expected an int >= 1",
+        ),
+        (
+            lambda: partition_quantity_imbalanced(LABELS, 10, 0, 20, rng()),
+            r"data\.big: got 0, expected an int >= 1",
+        ),
+        (
+            lambda: partition_quantity_imbalanced(LABELS, 10, 100, 60, rng(), small_classes=1),
+            r"data\.small: got 60",
+        ),
+        (
+            lambda: partition_dominant_class(LABELS, 10, 0.0, rng()),
+            r"data\.rho: got 0\.0, expected a float in \(0, 1\)",
+        ),
+        (
+            lambda: partition_dominant_class(LABELS, 10, 0.28, rng(), samples_per_client=101),
+            r"data\.samples_per_client: got 101, expected an int in \[1, 100\]",
+        ),
+        (
+            lambda: partition_dominant_class(np.zeros(50, dtype=int), 5, 0.28, rng()),
+            r"data\.partition: 'dominant_class' needs labels of >= 2 classes",
+        ),
     ],
 )
 def test_bad_arguments_raise_config_errors(call, pattern):

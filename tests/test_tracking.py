@@ -3,79 +3,162 @@
 from __future__ import annotations
 
 import csv
-import json
 import os
-import subprocess
-import sys
+from argparse import Namespace
 from pathlib import Path
 
+import numpy as np
 import pytest
+import torch
 import yaml
+from lightning.fabric.utilities.rank_zero import rank_zero_only
+from omegaconf import OmegaConf
 
 from lit_fedco.errors import ConfigError
-from lit_fedco.tracking import make_loggers, read_wandb_offline_run, wandb_mode
+from lit_fedco.tracking import (
+    check_tracking,
+    finalize_loggers,
+    make_loggers,
+    plain_config,
+    read_wandb_offline_run,
+    wandb_mode,
+    wandb_records,
+)
 
-REPO = Path(__file__).resolve().parent.parent
+CONFIG = {
+    "updater": "comfedl",
+    "rounds": 4,
+    "comfedl": {"gamma": 0.5, "betas": [0.9, 0.99]},
+    "tracking": ["wandb", "csv"],
+    "resume": None,
+    "vectorized": True,
+}
 
 
-def test_recipe_writes_a_wandb_offline_run_and_csv(tmp_path):
-    """No credentials → offline; the run's config and history are what the recipe logged."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("WANDB")}
-    env["HOME"] = str(tmp_path)  # no ~/.netrc: no stored credentials
+@pytest.fixture
+def no_credentials(tmp_path, monkeypatch):
+    """A fresh HOME (no ~/.netrc, no wandb settings) and no W&B variables: a CI machine."""
+    for key in list(os.environ):
+        if key.startswith("WANDB_") or key == "NETRC":
+            monkeypatch.delenv(key)
+    home = tmp_path / "home"
+    home.mkdir()
+    monkeypatch.setenv("HOME", str(home))
+    return home
+
+
+def test_wandb_offline_and_csv_round_trip(tmp_path, monkeypatch, no_credentials):
+    """No credentials → offline, without a prompt; both trackers hold the config and metrics."""
+    cwd = tmp_path / "cwd"
+    cwd.mkdir()
+    monkeypatch.chdir(cwd)  # nothing may be written outside out_dir
+    assert wandb_mode() == "offline"
     out = tmp_path / "out"
-    args = [
-        sys.executable, "-m", "lit_fedco.recipes.comfedl_dro", "updater=comfedl", "rounds=4",
-        "eval_every=2", f"out_dir={out}", "data.big=200",
-    ]  # fmt: skip
-    proc = subprocess.run(args, capture_output=True, text=True, env=env, timeout=300, cwd=tmp_path)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "100%" in proc.stderr  # the progress bar ran to the end
-    runs = list((out / "wandb").glob("offline-run-*"))
-    assert len(runs) == 1
-    run = read_wandb_offline_run(runs[0])
-    assert run["config"]["rounds"] == 4 and run["config"]["form"] == "stable"
-    assert run["config"]["comfedl"]["gamma"] == 0.5
-    evals = [h for h in run["history"] if "val/acc_worst" in h]
-    assert [h["trainer/global_step"] for h in evals] == [2, 4]
-    results = json.loads((out / "comfedl_dro-results.json").read_text())
-    assert evals[-1]["val/acc_worst"] == results["results"]["comfedl"][0]["val/acc_worst"]
-    # CSV: one row per round, the resolved config beside it
-    (csv_dir,) = list((out / "comfedl_dro-comfedl-seed0").glob("version_*"))
+    loggers = make_loggers(["wandb", "csv"], out, "rec-comfedl-seed0", "lit_fedco-test", CONFIG)
+    logged = [
+        (1, {"train/loss": 0.75}),
+        (2, {"train/loss": 0.5, "val/acc_worst": 1 / 3}),
+        (3, {"train/loss": 0.25}),
+        (4, {"train/loss": 0.125, "val/acc_worst": 2 / 3}),
+    ]
+    for step, metrics in logged:
+        for logger in loggers:
+            logger.log_metrics(metrics, step=step)
+    finalize_loggers(loggers)
+    assert list(cwd.iterdir()) == []
+
+    (run_dir,) = (out / "wandb").glob("offline-run-*")
+    run = read_wandb_offline_run(run_dir)
+    assert run["name"] == "rec-comfedl-seed0" and run["project"] == "lit_fedco-test"
+    assert run["config"] == CONFIG and run["exit_code"] == 0
+    added = {"_step", "_runtime", "_timestamp", "trainer/global_step"}  # by W&B and Lightning
+    history = [
+        (h["trainer/global_step"], {k: v for k, v in h.items() if k not in added})
+        for h in run["history"]
+    ]
+    assert history == logged  # floats exactly: JSON round trip
+    assert run["summary"]["val/acc_worst"] == 2 / 3 and run["summary"]["train/loss"] == 0.125
+
+    (csv_dir,) = (out / "rec-comfedl-seed0").glob("version_*")
     rows = list(csv.DictReader((csv_dir / "metrics.csv").open()))
-    assert len(rows) == 4
-    assert float(rows[-1]["val/acc_worst"]) == pytest.approx(evals[-1]["val/acc_worst"])
-    hp = yaml.safe_load((csv_dir / "hparams.yaml").read_text())
-    assert hp["updater"] == "comfedl" and hp["data"]["big"] == 200
+    assert [int(r["step"]) for r in rows] == [1, 2, 3, 4]
+    assert [r["val/acc_worst"] for r in rows] == ["", repr(1 / 3), "", repr(2 / 3)]
+    assert yaml.safe_load((csv_dir / "hparams.yaml").read_text()) == CONFIG
+    assert sorted(p.name for p in csv_dir.iterdir()) == ["hparams.yaml", "metrics.csv"]
 
 
-def test_disabled_writes_nothing(tmp_path, monkeypatch):
+def test_transaction_log_checks(tmp_path):
+    bad = tmp_path / "run-x.wandb"
+    bad.write_bytes(b"not a wandb file")
+    with pytest.raises(ValueError, match="not a W&B transaction log"):
+        list(wandb_records(bad))
+    with pytest.raises(FileNotFoundError, match=r"expected one run-\*.wandb file"):
+        read_wandb_offline_run(tmp_path / "nowhere")
+
+
+def test_disabled_writes_nothing(tmp_path, monkeypatch, no_credentials):
     monkeypatch.setenv("WANDB_MODE", "disabled")
     assert wandb_mode() == "disabled"
-    loggers = make_loggers(["wandb"], tmp_path / "o", "r", "p", {"a": 1})
-    assert loggers == [] and not (tmp_path / "o").exists()
+    assert make_loggers(["wandb"], tmp_path / "o", "r", "p", {"a": 1}) == []
+    monkeypatch.delenv("WANDB_MODE")
     assert make_loggers(["none"], tmp_path / "o", "r", "p", {}) == []
+    assert make_loggers([], tmp_path / "o", "r", "p", {}) == []
+    assert not (tmp_path / "o").exists()
 
 
-def test_mode_follows_credentials(tmp_path, monkeypatch):
-    monkeypatch.delenv("WANDB_MODE", raising=False)
-    monkeypatch.delenv("WANDB_API_KEY", raising=False)
-    monkeypatch.setenv("HOME", str(tmp_path))
+def test_mode_follows_credentials(tmp_path, monkeypatch, no_credentials):
     assert wandb_mode() == "offline"
-    (tmp_path / ".netrc").write_text("machine api.wandb.ai\n  login user\n  password abc\n")
-    os.chmod(tmp_path / ".netrc", 0o600)
+    netrc = no_credentials / ".netrc"
+    netrc.write_text("machine api.wandb.ai\n  login user\n  password abc\n")
+    os.chmod(netrc, 0o600)
     assert wandb_mode() == "online"
+    monkeypatch.setenv("WANDB_BASE_URL", "https://wandb.example.com")  # a private server
+    assert wandb_mode() == "offline"
+    monkeypatch.setenv("NETRC", str(netrc))
+    netrc.write_text("machine wandb.example.com\n  login user\n  password abc\n")
+    assert wandb_mode() == "online"
+    monkeypatch.delenv("NETRC")
+    netrc.unlink()
+    monkeypatch.setenv("WANDB_API_KEY", "x" * 40)
+    assert wandb_mode() == "online"
+    monkeypatch.setenv("WANDB_MODE", "dryrun")
+    assert wandb_mode() == "offline"
 
 
-def test_csv_logger_writes_hparams(tmp_path):
-    (logger,) = make_loggers(["csv"], tmp_path, "run", "p", {"a": 1, "b": {"c": [1, 2]}})
-    logger.log_metrics({"x": 1.5}, step=1)
-    logger.finalize("success")
-    assert yaml.safe_load((Path(logger.log_dir) / "hparams.yaml").read_text()) == {
-        "a": 1,
-        "b": {"c": [1, 2]},
-    }
+def test_wandb_mode_errors(monkeypatch, no_credentials):
+    monkeypatch.setenv("WANDB_MODE", "online")  # would prompt for a key: fail before starting
+    with pytest.raises(ConfigError, match=r"WANDB_MODE: got 'online', but no W&B credentials"):
+        check_tracking(["csv", "wandb"])
+    check_tracking(["csv"])  # the mode only matters with wandb
+    monkeypatch.setenv("WANDB_MODE", "offlin")
+    with pytest.raises(ConfigError, match=r"WANDB_MODE: got 'offlin', expected one of"):
+        wandb_mode()
 
 
 def test_unknown_tracker_is_rejected(tmp_path):
-    with pytest.raises(ConfigError, match=r"tracking: got 'wandbb', expected a list of"):
+    msg = r"tracking: got 'wandbb', expected a list of 'wandb', 'csv' or 'none'; set e\.g\."
+    with pytest.raises(ConfigError, match=msg):
         make_loggers(["wandbb"], tmp_path, "r", "p", {})
+    with pytest.raises(ConfigError, match=r"tracking: got \['none', 'csv'\]"):
+        check_tracking(["none", "csv"])
+    assert check_tracking("csv") == ["csv"]
+    assert not list(tmp_path.iterdir())
+
+
+def test_csv_hparams_plain_and_rank_zero_only(tmp_path, monkeypatch):
+    cfg = OmegaConf.create({"a": 1, "b": "${a}", "c": {"d": [1, 2]}})
+    (logger,) = make_loggers(["csv"], tmp_path, "run", "p", cfg)
+    logger.log_metrics({"x": 1.5}, step=1)
+    finalize_loggers([logger])
+    hp = yaml.safe_load((Path(logger.log_dir) / "hparams.yaml").read_text())
+    assert hp == {"a": 1, "b": 1, "c": {"d": [1, 2]}}  # interpolation resolved
+    other = tmp_path / "other"
+    monkeypatch.setattr(rank_zero_only, "rank", 1)
+    assert make_loggers(["csv"], other, "run", "p", {"a": 1}) != []
+    assert not other.exists()  # only rank 0 writes
+
+
+def test_plain_config():
+    cfg = Namespace(a=np.float64(0.5), b=torch.tensor(3), c=(np.int64(2), Path("/x")), d=None)
+    assert plain_config(cfg) == {"a": 0.5, "b": 3, "c": [2, "/x"], "d": None}
+    assert type(plain_config(np.float64(0.5))) is float

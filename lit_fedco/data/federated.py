@@ -46,18 +46,25 @@ class FederatedData:
         """K."""
         return len(self.train_offsets) - 1
 
+    def _split(self, split: str) -> tuple[Tensor, Tensor, Tensor]:
+        if split == "train":
+            return self.x_train, self.y_train, self.train_offsets
+        if split == "val":
+            return self.x_val, self.y_val, self.val_offsets
+        raise ValueError(f"split: got {split!r}, expected 'train' or 'val'")
+
     def sizes(self, split: str = "train") -> Tensor:
-        """Samples per client, int64 [K]."""
-        off = self.train_offsets if split == "train" else self.val_offsets
+        """Samples per client in ``split`` (``"train"`` or ``"val"``), int64 [K]."""
+        off = self._split(split)[2]
         return off[1:] - off[:-1]
 
     def client_slice(self, k: int, split: str = "train") -> tuple[Tensor, Tensor]:
-        """Client k's inputs and targets in ``split``."""
-        if split == "train":
-            lo, hi = int(self.train_offsets[k]), int(self.train_offsets[k + 1])
-            return self.x_train[lo:hi], self.y_train[lo:hi]
-        lo, hi = int(self.val_offsets[k]), int(self.val_offsets[k + 1])
-        return self.x_val[lo:hi], self.y_val[lo:hi]
+        """Client k's inputs and targets in ``split`` (views, no copy)."""
+        if not 0 <= k < self.num_clients:
+            raise IndexError(f"client {k} out of range [0, {self.num_clients})")
+        x, y, off = self._split(split)
+        lo, hi = int(off[k]), int(off[k + 1])
+        return x[lo:hi], y[lo:hi]
 
     def to(self, device: torch.device | str, dtype: torch.dtype | None = None) -> FederatedData:
         """A copy on ``device`` with floating inputs cast to ``dtype`` (offsets stay on CPU)."""
@@ -117,6 +124,7 @@ def build_federated(
 
 
 def _seed_of(*words: int) -> int:
+    """A 64-bit torch seed from ``SeedSequence(words)`` (e.g. (seed, client, round))."""
     state = np.random.SeedSequence(list(words)).generate_state(2)
     return int(state[0]) << 32 | int(state[1])
 
@@ -124,10 +132,13 @@ def _seed_of(*words: int) -> int:
 class BatchSampler:
     """Per-client minibatch indices from generators seeded by (seed, client, round).
 
-    The batches a client sees in a round do not depend on which other clients are sampled or on
-    which process runs it: 1 and N processes see the same data. Within one draw a client
-    samples without replacement when it has at least b samples, with replacement otherwise (a
-    client with 20 samples and b = 32).
+    Client k's generator in round r is ``torch.Generator`` seeded from
+    ``np.random.SeedSequence([seed, k, r]).generate_state(2)``, so the batches a client sees in
+    a round do not depend on which other clients are sampled or on which process runs it: 1 and
+    N processes see the same data. The generator draws the round's ``steps × len(roles)``
+    batches in (step, role) order. Within one draw a client with n_k >= b samples draws without
+    replacement (``randperm(n_k)[:b]``); a smaller client (20 samples, b = 32) draws with
+    replacement (``randint``). Draws are independent of each other.
 
     Args:
         data: the federated data (offsets are read on the CPU).
@@ -144,10 +155,29 @@ class BatchSampler:
     def sample_round(
         self, clients: Tensor, round_idx: int, steps: int, roles: tuple[str, ...], batch_size: int
     ) -> Tensor:
-        """Global row indices, int64 ``[steps, len(roles), n, batch_size]``."""
+        """Minibatch indices of ``clients`` for round ``round_idx``.
+
+        Args:
+            clients: int64 [n], the client ids (any order, any subset).
+            round_idx: r.
+            steps: local steps I.
+            roles: the batches each step draws (e.g. ``("inner", "outer")``).
+            batch_size: b.
+
+        Returns:
+            Global row indices into ``x_train`` (client offset + local index), int64
+            ``[steps, len(roles), n, batch_size]``, on the data's device.
+        """
+        if batch_size < 1 or steps < 0:
+            raise ValueError(
+                f"batch_size: got {batch_size}, steps: got {steps}; need batch_size >= 1, "
+                "steps >= 0"
+            )
         n, r = len(clients), len(roles)
         out = torch.empty(steps, r, n, batch_size, dtype=torch.int64)
         for i, k in enumerate(clients.tolist()):
+            if not 0 <= k < len(self.sizes):
+                raise IndexError(f"client {k} out of range [0, {len(self.sizes)})")
             g = torch.Generator().manual_seed(_seed_of(self.seed, k, round_idx))
             size, base = self.sizes[k], int(self.offsets[k])
             if size >= batch_size:
@@ -164,15 +194,22 @@ class BatchSampler:
     ) -> tuple[Tensor, Tensor]:
         """Inputs ``[n, b, ...]`` and targets ``[n, b]`` for indices ``idx [n, b]``.
 
-        Writes into buffers kept per role and reused across steps (no fresh allocation per
-        step); a returned tensor is valid until the next call for the same role.
+        Equal to ``(x_all[idx], y_all[idx])``, but written with ``torch.index_select(...,
+        out=...)`` into buffers kept per (role, split) and reused across steps: no allocation
+        per step; a buffer is (re)allocated on the first call or when ``[n, b]`` changes. A
+        returned tensor is overwritten by the next call for the same role and split.
+
+        Args:
+            idx: global row indices [n, b] (from :meth:`sample_round`).
+            role: the buffer to write into (one per role, so batches of different roles of one
+                step can be alive together).
+            split: ``"train"`` or ``"val"``.
         """
-        x_all = self.data.x_train if split == "train" else self.data.x_val
-        y_all = self.data.y_train if split == "train" else self.data.y_val
+        x_all, y_all, _ = self.data._split(split)
         n, b = idx.shape
         key = f"{role}/{split}"
         buf = self._buffers.get(key)
-        if buf is None or buf[0].shape[:2] != (n, b):
+        if buf is None or buf[0].shape[:2] != (n, b) or buf[0].device != x_all.device:
             buf = (
                 x_all.new_empty((n, b, *x_all.shape[1:])),
                 y_all.new_empty((n, b, *y_all.shape[1:])),
@@ -204,10 +241,42 @@ def make_federated(spec: DataSpec) -> FederatedData:
     """Load the source, split its training pool over the clients, and draw each client's
     validation set from the held-out pool with the client's class proportions.
 
+    ``spec`` is any object with the :class:`DataSpec` attributes (``DataConfig`` plus ``seed``).
+    ``partition`` is ``quantity`` (client 0 holds ``big`` samples, the others ``small``, each
+    from ``small_classes`` classes, 0 meaning all), ``iid``, ``dirichlet`` (``alpha``) or
+    ``dominant_class`` (``rho``).
+
     The partition's RNG is seeded by (seed, 12345), independent of the training RNGs.
+    Step-imbalanced sources (``*_st``) are built by :mod:`lit_fedco.data.cifar`.
     """
+    if spec.name.endswith("_st"):
+        from lit_fedco.data.cifar import make_step_imbalanced
+
+        return make_step_imbalanced(spec)
+    if spec.name == "invariant_logreg":  # FCSG §5.1, synthetic
+        from lit_fedco.data.synthetic import make_invariant_logreg
+
+        return make_invariant_logreg(spec)
+    if spec.partition == "classes":  # few-shot tasks from each client's own classes
+        from lit_fedco.data.tasks import make_task_data
+
+        return make_task_data(spec)
+    if spec.partition not in P.PARTITIONS:
+        raise ConfigError.bad_value(
+            "data.partition", spec.partition, f"one of {P.PARTITIONS}", "quantity"
+        )
+    if spec.val_per_client < 1:
+        raise ConfigError.bad_value(
+            "data.val_per_client", spec.val_per_client, "an int >= 1", "100"
+        )
     x, y, x_te, y_te, num_classes = load_source(spec.name, spec.data_dir)
     rng = np.random.default_rng(np.random.SeedSequence([spec.seed, 12345]))
+    if getattr(spec, "binary", False):  # FCSG §5.3: imbalanced binary task, test unchanged
+        from lit_fedco.data.tasks import binarize, drop_positives
+
+        y, y_te, num_classes = binarize(y, num_classes), binarize(y_te, num_classes), 2
+        keep = drop_positives(y, getattr(spec, "drop_positive", 0.0), rng)
+        x, y = x[keep], y[keep]
     labels = y.numpy()
     k = spec.num_clients
     if spec.partition == "quantity":
@@ -224,5 +293,11 @@ def make_federated(spec: DataSpec) -> FederatedData:
         raise ConfigError.bad_value(
             "data.partition", spec.partition, f"one of {P.PARTITIONS}", "quantity"
         )
-    val = P.validation_like([labels[p] for p in parts], y_te.numpy(), spec.val_per_client, rng)
+    val_mode = getattr(spec, "val_mode", "client")
+    if val_mode == "all":  # the whole held-out set, unchanged, split evenly over the clients
+        val = P.partition_iid(y_te.numpy(), k, rng)
+    elif val_mode == "client":
+        val = P.validation_like([labels[p] for p in parts], y_te.numpy(), spec.val_per_client, rng)
+    else:
+        raise ConfigError.bad_value("data.val_mode", val_mode, "'client' or 'all'", "all")
     return build_federated(x, y, x_te, y_te, parts, val, num_classes, spec.name)

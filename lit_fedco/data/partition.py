@@ -40,13 +40,32 @@ def partition_dirichlet(
 ) -> list[np.ndarray]:
     """Label skew: for each class, the shares of the clients are drawn from Dir(α·1).
 
-    Small α gives each client few classes; large α tends to IID. Draws again (at most
-    ``max_tries`` times) until every client holds at least ``min_size`` samples.
+    Small α gives each client few classes; large α tends to IID. Every sample goes to exactly
+    one client. Draws again (at most ``max_tries`` times) until every client holds at least
+    ``min_size`` samples.
+
+    Args:
+        labels: int class labels [N].
+        num_clients: K.
+        alpha: the Dirichlet concentration α > 0.
+        rng: the only source of randomness.
+        min_size: the fewest samples a client may hold.
+        max_tries: draws before giving up.
+
+    Raises:
+        ConfigError: a bad argument, or no draw in ``max_tries`` met ``min_size``.
     """
     _check_clients(num_clients, len(labels))
     if not alpha > 0:
         raise ConfigError.bad_value(
             "data.alpha", alpha, "a float > 0 (smaller is more heterogeneous)", "0.5"
+        )
+    if min_size < 0 or num_clients * min_size > len(labels):
+        raise ConfigError.bad_value(
+            "data.num_clients",
+            num_clients,
+            f"num_clients * min_size <= the {len(labels)} samples (min_size = {min_size})",
+            str(max(1, len(labels) // max(min_size, 1))),
         )
     classes = np.unique(labels)
     for _ in range(max_tries):
@@ -80,7 +99,12 @@ def partition_quantity_imbalanced(
     clients 1..K−1 hold ``small`` samples each.
 
     With ``small_classes`` set, each small client draws only from that many classes (chosen by
-    ``rng``), adding label imbalance to the quantity imbalance. Clients are disjoint.
+    ``rng``), adding label imbalance to the quantity imbalance; ``None`` or 0 means all classes.
+    Clients are disjoint. The small clients are drawn first so that their classes are not used
+    up by the big client, which then draws uniformly from what is left.
+
+    Raises:
+        ConfigError: a bad argument, or too few samples (left in a small client's classes).
     """
     _check_clients(num_clients, len(labels))
     if big < 1:
@@ -96,6 +120,7 @@ def partition_quantity_imbalanced(
             str(max(1, len(labels) - (num_clients - 1) * small)),
         )
     classes = np.unique(labels)
+    small_classes = small_classes or None
     if small_classes is not None and not 1 <= small_classes <= len(classes):
         raise ConfigError.bad_value(
             "data.small_classes", small_classes, f"an int in [1, {len(classes)}] or 0 (all)", "2"
@@ -129,37 +154,64 @@ def partition_dominant_class(
     """ComFedL's personalised-FL split: client i holds a fraction ρ of its samples from class
     i mod C and (1 − ρ)/(C − 1) from each other class (paper §5.2, ρ = 0.28).
 
-    Samples are drawn without replacement across clients; ``samples_per_client`` defaults to
-    the largest size the data allow.
+    Every client holds the same number n of samples, its class counts rounded from ρ·n and
+    (1 − ρ)/(C − 1)·n by the largest-remainder rule. Clients are disjoint.
+
+    Args:
+        labels: int class labels [N] (C >= 2 classes; the i-th smallest label is class i).
+        num_clients: K.
+        rho: ρ in (0, 1).
+        rng: the only source of randomness.
+        samples_per_client: n; ``None`` (or 0) takes the largest n the data allow.
+
+    Raises:
+        ConfigError: a bad argument, or ``samples_per_client`` larger than the data allow.
     """
     _check_clients(num_clients, len(labels))
     if not 0 < rho < 1:
         raise ConfigError.bad_value("data.rho", rho, "a float in (0, 1)", "0.28")
     classes = np.unique(labels)
     c = len(classes)
-    # demand per class as a fraction of samples_per_client, summed over clients
-    dominant = np.zeros(c)
-    for i in range(num_clients):
-        dominant[i % c] += 1
-    demand = rho * dominant + (1 - rho) / (c - 1) * (num_clients - dominant)
+    if c < 2:
+        raise ConfigError(
+            f"data.partition: 'dominant_class' needs labels of >= 2 classes, got {c}; "
+            "use data.partition=iid"
+        )
     counts = np.array([(labels == cl).sum() for cl in classes])
+
+    def want(n: int) -> np.ndarray:
+        """Class counts [K, C] of every client for n samples each."""
+        rows = []
+        for i in range(num_clients):
+            shares = np.full(c, (1 - rho) / (c - 1))
+            shares[i % c] = rho
+            rows.append(_largest_remainder(shares * n, n))
+        return np.stack(rows)
+
+    # Without rounding, n is bounded by count_j / (demand of class j per unit of n).
+    dominant = np.bincount(np.arange(num_clients) % c, minlength=c)
+    demand = rho * dominant + (1 - rho) / (c - 1) * (num_clients - dominant)
     largest = int(np.floor((counts / demand).min()))
+    while largest >= 1 and (want(largest).sum(0) > counts).any():
+        largest -= 1  # rounding up may ask a class for a few more than it has
     n = samples_per_client or largest
     if n < 1 or n > largest:
         raise ConfigError.bad_value(
-            "data.samples_per_client", n, f"an int in [1, {largest}] for these data", str(largest)
+            "data.samples_per_client",
+            n,
+            f"an int in [1, {largest}] for these data and {num_clients} clients",
+            str(max(largest, 1)),
         )
-    pools = {cl: list(rng.permutation(np.flatnonzero(labels == cl))) for cl in classes}
+    table = want(n)
+    pools = [rng.permutation(np.flatnonzero(labels == cl)) for cl in classes]
+    used = np.zeros(c, dtype=int)
     parts = []
     for i in range(num_clients):
-        shares = np.full(c, (1 - rho) / (c - 1))
-        shares[i % c] = rho
-        want = _largest_remainder(shares * n, n)
-        chosen: list[int] = []
-        for j, cl in enumerate(classes):
-            chosen.extend(pools[cl][: want[j]])
-            del pools[cl][: want[j]]
-        parts.append(np.sort(np.asarray(chosen, dtype=np.int64)))
+        chosen = []
+        for j in range(c):
+            chosen.append(pools[j][used[j] : used[j] + table[i, j]])
+            used[j] += table[i, j]
+        parts.append(np.sort(np.concatenate(chosen)).astype(np.int64))
     return parts
 
 
@@ -181,21 +233,42 @@ def validation_like(
     """For each client, ``per_client`` held-out indices with the client's class proportions.
 
     A client with 20 training images still gets a validation set of its own distribution.
-    Without replacement within a client (clients may share held-out samples).
+    The class counts are rounded by the largest-remainder rule. Samples are drawn without
+    replacement within a client (clients may share held-out samples); where a class of the pool
+    has fewer samples than a client wants, the client takes all of them and draws the rest
+    with replacement. Classes absent from the pool are left out of the proportions; a client
+    none of whose classes is in the pool gets the pool's own proportions.
+
+    Args:
+        train_labels_per_client: each client's training labels.
+        pool_labels: labels of the held-out pool.
+        per_client: validation samples per client.
+        rng: the only source of randomness.
+
+    Returns:
+        One sorted int64 index array into ``pool_labels`` per client.
+
+    Raises:
+        ConfigError: ``per_client`` < 1 or an empty pool.
     """
     if per_client < 1:
         raise ConfigError.bad_value("data.val_per_client", per_client, "an int >= 1", "100")
-    classes = np.unique(pool_labels)
-    by_class = {c: np.flatnonzero(pool_labels == c) for c in classes}
+    if len(pool_labels) == 0:
+        raise ConfigError("data.val_per_client: the held-out pool is empty; set data.name")
+    classes, pool_counts = np.unique(pool_labels, return_counts=True)
+    by_class = [np.flatnonzero(pool_labels == c) for c in classes]
     out = []
     for labels in train_labels_per_client:
-        props = np.array([(labels == c).mean() if len(labels) else 0.0 for c in classes])
-        want = _largest_remainder(props * per_client, per_client)
+        counts = np.array([(labels == c).sum() for c in classes], dtype=float)
+        if counts.sum() == 0:
+            counts = pool_counts.astype(float)
+        want = _largest_remainder(counts / counts.sum() * per_client, per_client)
         chosen = []
-        for c, w in zip(classes, want, strict=True):
-            if w:
-                pool = by_class[c]
-                chosen.append(rng.choice(pool, size=w, replace=w > len(pool)))
+        for pool, w in zip(by_class, want, strict=True):
+            if w <= len(pool):
+                chosen.append(rng.choice(pool, size=w, replace=False))
+            else:
+                chosen += [rng.permutation(pool), rng.choice(pool, size=w - len(pool))]
         out.append(np.sort(np.concatenate(chosen)).astype(np.int64))
     return out
 

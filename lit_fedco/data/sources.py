@@ -3,10 +3,13 @@ folder through torchvision's own dataset classes. Nothing is downloaded."""
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import hashlib
+import os
 import shutil
 import tempfile
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -59,8 +62,9 @@ def _how_to_get(fashion: bool) -> str:
             "data.data_dir=/usr/share/datasets/fashion-mnist"
         )
     return (
-        "place the IDX files of the MNIST distribution (optionally .gz) in DIR/MNIST/raw/ or "
-        "directly in DIR, and set data.data_dir=DIR"
+        "place the four IDX files of the MNIST distribution (train-images-idx3-ubyte, "
+        "train-labels-idx1-ubyte, t10k-images-idx3-ubyte, t10k-labels-idx1-ubyte; optionally "
+        ".gz) in DIR/MNIST/raw/ or directly in DIR, and set data.data_dir=DIR"
     )
 
 
@@ -71,23 +75,126 @@ def _find(folder: Path, stem: str) -> Path | None:
     return None
 
 
+def _locate(root: Path, fashion: bool, train: bool) -> list[Path] | None:
+    """The image and label files of one split: torchvision's layout first, then flat."""
+    cls = FashionMNIST if fashion else MNIST
+    for folder in (root / cls.__name__ / "raw", root):
+        paths = [_find(folder, stem) for stem in _FILES[train]]
+        if all(p is not None for p in paths):
+            return [p for p in paths if p is not None]
+    return None
+
+
+def _cache_bases() -> list[Path]:
+    """Where decompressed IDX files go: the user's cache, else the temporary folder.
+
+    Never the data folder itself: it is often a system or shared folder (e.g.
+    ``/usr/share/datasets``) that a process running as root could write but should not.
+    """
+    bases = []
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    with contextlib.suppress(RuntimeError):  # no home directory
+        bases.append(Path(xdg) if xdg else Path.home() / ".cache")
+    return [b / "lit_fedco" / "idx" for b in bases] + [
+        Path(tempfile.gettempdir()) / "lit_fedco-idx"
+    ]
+
+
+def _writable_cache(root: Path, key: str) -> Path:
+    """A writable cache folder for the files keyed by ``key``."""
+    bases = _cache_bases()
+    for base in bases:
+        folder = base / key
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+        except OSError:
+            continue
+        if os.access(folder, os.W_OK):
+            return folder
+    raise ConfigError(
+        f"data.data_dir: the gzipped IDX files in {str(root)!r} must be decompressed, but none "
+        f"of {[str(b) for b in bases]} is writable; decompress them yourself (gunzip -k) and "
+        "set data.data_dir to their folder, or set XDG_CACHE_HOME to a writable folder"
+    )
+
+
+def _uncompressed(found: list[Path], stems: tuple[str, ...], root: Path) -> Path:
+    """A folder holding ``stems`` uncompressed: the files' own folder if they are plain, else a
+    cache into which the ``.gz`` files are decompressed once (keyed by path, size and mtime)."""
+    if all(p.suffix != ".gz" for p in found) and len({p.parent for p in found}) == 1:
+        return found[0].parent
+    ident = "|".join(f"{p.resolve()}:{p.stat().st_size}:{p.stat().st_mtime_ns}" for p in found)
+    folder = _writable_cache(root, hashlib.sha1(ident.encode()).hexdigest()[:12])
+    for src, stem in zip(found, stems, strict=True):
+        dst = folder / stem
+        if dst.is_file():
+            continue
+        # A unique temporary name and an atomic rename: ranks decompressing at once never
+        # read (or clobber) a half-written file.
+        fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{stem}.")
+        try:
+            with (
+                os.fdopen(fd, "wb") as fout,
+                gzip.open(src, "rb") if src.suffix == ".gz" else open(src, "rb") as fin,
+            ):
+                shutil.copyfileobj(fin, fout)
+            os.replace(tmp, dst)
+        finally:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+    return folder
+
+
+def _read_with_torchvision(
+    fashion: bool, root: Path, raw: Path, train: bool
+) -> tuple[Tensor, Tensor]:
+    """torchvision's own ``MNIST`` / ``FashionMNIST`` reader, pointed at ``raw``."""
+    cls = FashionMNIST if fashion else MNIST
+    stems = _FILES[train]
+
+    class _Reader(cls):  # type: ignore[valid-type,misc]
+        """torchvision's class reading one split from ``raw`` (no download, no legacy cache)."""
+
+        @property
+        def raw_folder(self) -> str:
+            return str(raw)
+
+        def _check_exists(self) -> bool:
+            # torchvision checks all four files; one split is enough here.
+            return all((raw / stem).is_file() for stem in stems)
+
+        def _check_legacy_exist(self) -> bool:
+            return False  # read exactly the files named in the messages, never processed/*.pt
+
+    ds = _Reader(str(root), train=train, download=False)
+    return ds.data, ds.targets
+
+
 def load_mnist(data_dir: str | Path, train: bool, fashion: bool = False) -> tuple[Tensor, Tensor]:
     """MNIST or Fashion-MNIST read by torchvision's ``MNIST`` / ``FashionMNIST`` class.
 
     ``data_dir`` may use torchvision's layout (``data_dir/MNIST/raw/<files>``,
-    ``data_dir/FashionMNIST/raw/<files>``) or hold the IDX files directly (Debian's
-    ``dataset-fashion-mnist`` layout); files may be gzipped. torchvision reads only
-    uncompressed files and checks all four, so the files of the requested split are
-    decompressed (or linked) into a cache folder that torchvision then reads.
+    ``data_dir/FashionMNIST/raw/<files>``) or hold the IDX files directly (the layout of
+    Debian's ``dataset-fashion-mnist`` package and of a bare download). Files may be gzipped:
+    torchvision reads only uncompressed files, so ``.gz`` files are decompressed once into
+    ``$XDG_CACHE_HOME/lit_fedco/idx/<key>/`` (default ``~/.cache``; the temporary folder if that
+    is not writable), keyed by the files' paths, sizes and modification times, and torchvision
+    reads them there. Uncompressed files are read in place. The data folder is never written.
+
+    Args:
+        data_dir: the folder described above.
+        train: the training split (``train-*``) or the test split (``t10k-*``).
+        fashion: Fashion-MNIST instead of MNIST.
 
     Returns:
-        Images as float32 in [0, 1], shape [N, 1, 28, 28], and int64 labels.
+        Images as float32 in [0, 1], shape [N, 1, 28, 28], and int64 labels [N].
 
     Raises:
-        ConfigError: the files are not there; the message says where and how to get them.
+        ConfigError: the files are missing or unreadable; the message names the files, where
+            they were looked for and how to get them.
     """
-    cls = FashionMNIST if fashion else MNIST
     name = "fashion_mnist" if fashion else "mnist"
+    folder = (FashionMNIST if fashion else MNIST).__name__
     if not str(data_dir):
         raise ConfigError(
             f"data.data_dir: empty, expected the folder holding the {name} IDX files; "
@@ -95,59 +202,52 @@ def load_mnist(data_dir: str | Path, train: bool, fashion: bool = False) -> tupl
         )
     root = Path(data_dir).expanduser()
     stems = _FILES[train]
-    found: list[Path] = []
-    for folder in (root / cls.__name__ / "raw", root):
-        paths = [_find(folder, s) for s in stems]
-        if all(p is not None for p in paths):
-            found = [p for p in paths if p is not None]
-            break
-    if not found:
+    found = _locate(root, fashion, train)
+    if found is None:
+        other = (
+            f" (only the {'test' if train else 'training'} split is there; "
+            f"load_source({name!r}) splits a lone test split 80/20)"
+            if _locate(root, fashion, not train)
+            else ""
+        )
         raise ConfigError(
             f"data.data_dir: got {str(root)!r}, expected the {name} "
             f"{'training' if train else 'test'} files {stems[0]}[.gz] and {stems[1]}[.gz] in "
-            f"{root / cls.__name__ / 'raw'} or in {root}; " + _how_to_get(fashion)
+            f"{root / folder / 'raw'} or in {root}{other}; " + _how_to_get(fashion)
         )
-    ident = "|".join(f"{p.resolve()}:{p.stat().st_size}:{p.stat().st_mtime_ns}" for p in found)
-    key = hashlib.sha1(ident.encode()).hexdigest()[:12]  # a changed file gets a new cache
-    cache = Path(tempfile.gettempdir()) / "lit_fedco-idx" / key
-    raw = cache / cls.__name__ / "raw"
-    raw.mkdir(parents=True, exist_ok=True)
-    for src, stem in zip(found, stems, strict=True):
-        dst = raw / stem
-        if dst.exists():
-            continue
-        tmp = raw / f".{stem}.part"
-        if src.suffix == ".gz":
-            with gzip.open(src, "rb") as fin, open(tmp, "wb") as fout:
-                shutil.copyfileobj(fin, fout)
-        else:
-            shutil.copyfile(src, tmp)
-        tmp.replace(dst)  # atomic: a half-written file is never read
-
-    class _OneSplit(cls):  # type: ignore[valid-type,misc]
-        """torchvision's class, checking only the split that is read."""
-
-        def _check_exists(self) -> bool:
-            return all((Path(self.raw_folder) / s).is_file() for s in stems)
-
-    _OneSplit.__name__ = cls.__name__  # raw_folder is root/<class name>/raw
     try:
-        ds = _OneSplit(str(cache), train=train, download=False)
-    except (RuntimeError, ValueError, AssertionError) as err:
+        raw = _uncompressed(found, stems, root)
+        data, targets = _read_with_torchvision(fashion, root, raw, train)
+    except (RuntimeError, ValueError, AssertionError, OSError, EOFError) as err:
+        if isinstance(err, ConfigError):
+            raise
         raise ConfigError(
-            f"data.data_dir: the {name} files in {str(root)!r} could not be read as IDX "
-            f"({err}); " + _how_to_get(fashion)
-        ) from None
-    x = ds.data.to(torch.float32).unsqueeze(1) / 255.0
-    return x, ds.targets.to(torch.int64)
+            f"data.data_dir: the {name} files {[str(p) for p in found]} could not be read as "
+            f"IDX ({type(err).__name__}: {err}); " + _how_to_get(fashion)
+        ) from err
+    if len(data) != len(targets):
+        raise ConfigError(
+            f"data.data_dir: {found[0]} holds {len(data)} images but {found[1]} holds "
+            f"{len(targets)} labels; " + _how_to_get(fashion)
+        )
+    x = data.to(torch.float32).unsqueeze(1) / 255.0
+    return x, targets.to(torch.int64)
 
 
 def load_source(name: str, data_dir: str | Path = "") -> Arrays:
     """A training pool and a held-out pool for data set ``name``.
 
-    - ``digits``: the 1797 digits, split 70 / 30 stratified with a fixed seed.
-    - ``mnist``, ``fashion_mnist``: the train and test files; where only the test split is
-      present (e.g. the MNIST t10k files alone) it is split 80 / 20 stratified.
+    - ``digits``: scikit-learn's 1797 digits, split 70 / 30 stratified with the fixed seed 0
+      (the same split on every run and rank); ``data_dir`` is not used.
+    - ``mnist``, ``fashion_mnist``: the training files are the pool, the test files the
+      held-out pool. Where only the test split is present (e.g. a folder with MNIST's t10k
+      files alone) it is split 80 / 20 stratified with the fixed seed 0, with a warning.
+
+    Returns:
+        ``(x_pool, y_pool, x_test_pool, y_test_pool, num_classes)``.
+
+    Raises:
+        ConfigError: an unknown ``name`` (the message lists the available ones) or missing files.
     """
     if name == "digits":
         x, y = load_digits_arrays()
@@ -155,11 +255,17 @@ def load_source(name: str, data_dir: str | Path = "") -> Arrays:
         return x[tr], y[tr], x[te], y[te], 10
     if name in ("mnist", "fashion_mnist"):
         fashion = name == "fashion_mnist"
-        x_test, y_test = load_mnist(data_dir, train=False, fashion=fashion)
-        try:
-            x_train, y_train = load_mnist(data_dir, train=True, fashion=fashion)
-        except ConfigError:
+        root = Path(data_dir).expanduser()
+        if str(data_dir) and _locate(root, fashion, True) is None and _locate(root, fashion, False):
+            warnings.warn(
+                f"data.data_dir={str(root)!r} holds only the {name} test split; splitting it "
+                "80/20 into a training pool and a held-out pool",
+                stacklevel=2,
+            )
+            x_test, y_test = load_mnist(root, train=False, fashion=fashion)
             tr, te = _stratified_split(y_test, 0.2, seed=0)
             return x_test[tr], y_test[tr], x_test[te], y_test[te], 10
+        x_train, y_train = load_mnist(root if str(data_dir) else "", train=True, fashion=fashion)
+        x_test, y_test = load_mnist(root, train=False, fashion=fashion)
         return x_train, y_train, x_test, y_test, 10
     raise ConfigError.bad_value("data.name", name, f"one of {SOURCES}", "digits")

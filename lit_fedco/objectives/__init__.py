@@ -1,6 +1,26 @@
 """Objectives (``ALGORITHMS.md``, "Problem families")."""
 
-from lit_fedco.objectives.base import Batch, Context, Objective, Params, cross_entropy, model_params
+from lit_fedco.objectives.base import (
+    Batch,
+    Context,
+    Objective,
+    Params,
+    Problem,
+    ProblemParams,
+    available_problems,
+    cross_entropy,
+    get_problem,
+    model_params,
+    register_problem,
+)
+from lit_fedco.objectives.conditional import (
+    AUCMinMax,
+    AveragePrecision,
+    ConditionalObjective,
+    InvariantLogReg,
+    ScoreERM,
+    plugin_gradient,
+)
 from lit_fedco.objectives.dro import (
     ClientKLDRO,
     kl_dro_primal,
@@ -8,17 +28,33 @@ from lit_fedco.objectives.dro import (
     kl_dro_weights,
     shift_and_norm,
 )
+from lit_fedco.objectives.maml import MAML, TaskERM, adapt, maml_loss
 
 __all__ = [
+    "MAML",
+    "AUCMinMax",
+    "AveragePrecision",
     "Batch",
     "ClientKLDRO",
+    "ConditionalObjective",
     "Context",
+    "InvariantLogReg",
     "Objective",
     "Params",
+    "Problem",
+    "ProblemParams",
+    "ScoreERM",
+    "TaskERM",
+    "adapt",
+    "available_problems",
     "cross_entropy",
+    "get_problem",
     "kl_dro_primal",
     "kl_dro_value",
     "kl_dro_weights",
+    "maml_loss",
     "model_params",
+    "plugin_gradient",
+    "register_problem",
     "shift_and_norm",
 ]

@@ -61,6 +61,9 @@ class CompositionalUpdater:
     Args:
         hparams: an instance of :attr:`hparams_cls`.
         model: the network; used only functionally through the objective.
+        objective: the objective to minimise; :meth:`build_objective` builds it when None
+            (the runner passes the one a configured :class:`~lit_fedco.objectives.Problem`
+            offers for this updater's compositions).
     """
 
     name: ClassVar[str] = ""
@@ -74,8 +77,13 @@ class CompositionalUpdater:
     at the start of every round the client takes part in, instead of being broadcast."""
     compositions: ClassVar[tuple[str, ...]] = ("erm", "local", "distributed", "conditional")
     """Objective kinds this updater applies to."""
+    fixed_local_steps: ClassVar[int | None] = None
+    """Local steps per round this method is defined with (MBSGD: 1), or None to take the run's
+    ``local_steps``; the runner applies it."""
 
-    def __init__(self, hparams: Hparams, model: nn.Module) -> None:
+    def __init__(
+        self, hparams: Hparams, model: nn.Module, objective: Objective | None = None
+    ) -> None:
         if not isinstance(hparams, self.hparams_cls):
             raise ConfigError(
                 f"{self.name or type(self).__name__}: hyperparameters must be a "
@@ -83,7 +91,7 @@ class CompositionalUpdater:
             )
         self.hparams = hparams
         self.model = model
-        self.objective = self.build_objective(model)
+        self.objective = objective if objective is not None else self.build_objective(model)
         if self.objective.composition not in self.compositions:
             raise ConfigError(
                 f"{self.name}: objective {type(self.objective).__name__} is "

@@ -1,0 +1,1 @@
+"""Small runnable examples: ``python -m lit_fedco.examples.<name>``."""

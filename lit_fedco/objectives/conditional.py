@@ -1,0 +1,357 @@
+"""Conditional stochastic objectives (FCSG, Wu et al.; ``ALGORITHMS.md``, "Conditional").
+
+Client n minimises ``F^n(x) = E_ξ f_ξ(E_{η|ξ} g_η(x, ξ))`` (FCSG eq. 1): the inner samples η
+are drawn *conditionally on* the outer sample ξ. With one ξ and m samples η_1..η_m the
+plug-in estimator of FCSG §3,
+
+    ∇F̂(x; ξ, B) = (1/m Σ_j ∇g_{η_j}(x, ξ))ᵀ ∇f_ξ(1/m Σ_j g_{η_j}(x, ξ)),
+
+is biased, and is exactly the autograd gradient of ``F̂(x; ξ, B) = f_ξ(mean_j g_{η_j}(x, ξ))``
+(FCSG eq. 3) — the mean over η is taken *inside* f. Averaging the loss over η instead,
+``mean_j f_ξ(g_{η_j})``, is a different (and wrong) objective (``tests/test_conditional.py``).
+
+A :class:`ConditionalObjective` exposes ``inner`` (one inner mean per outer sample, leading
+dimension b) and ``outer`` (the mean over the b outer samples of f_ξ); ``value`` is
+``outer(inner(x)) + h(x)`` on the step's batch (role ``"inner"``), whose rows are the ξ and
+which carries the η drawn for them. Problems here:
+
+- :class:`InvariantLogReg` — FCSG §5.1, eq. 4.
+- :class:`AveragePrecision` — FCSG §5.3, eq. 6 (with :class:`ScoreERM` for FedAvg and
+  :class:`AUCMinMax` for CODA+ on the same task).
+- MAML with task sampling — :mod:`lit_fedco.objectives.maml`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+from torch.func import functional_call, grad_and_value
+
+from lit_fedco.objectives.base import (
+    Batch,
+    Context,
+    Objective,
+    Params,
+    Problem,
+    ProblemParams,
+    register_problem,
+)
+from lit_fedco.state import tree_leaves, tree_map
+
+if TYPE_CHECKING:
+    from torchmetrics import Metric
+
+    from lit_fedco.data.federated import BatchSampler, FederatedData
+
+
+def plugin_gradient(
+    value: Callable[[Params], Tensor], params: Params
+) -> tuple[dict[str, Tensor], Tensor]:
+    """``∇F̂(x; ξ, B)`` and ``F̂``: the autograd gradient of the plug-in objective (FCSG §3)."""
+    return grad_and_value(value)(params)
+
+
+class ConditionalObjective(Objective):
+    """Base of the conditional objectives: ``F̂(x) = mean_i f_{ξ_i}(y_i) + h(x)`` with
+    ``y_i = mean_j g_{η_ij}(x, ξ_i)``, over the b outer samples ξ_i of the batch."""
+
+    composition: ClassVar[str] = "conditional"
+
+    def inner(self, params: Params, batch: Batch, ctx: Context) -> Any:
+        """``y_i = mean_j g_{η_ij}(x, ξ_i)`` for every outer sample: leaves of leading size b."""
+        raise NotImplementedError
+
+    def outer(self, y: Any, batch: Batch | None, ctx: Context) -> Tensor:
+        """``mean_i f_{ξ_i}(y_i)``."""
+        raise NotImplementedError
+
+    def regularizer(self, params: Params) -> Tensor | float:
+        """The non-compositional term h(x); none by default."""
+        return 0.0
+
+    def num_outer(self, batch: Batch) -> int:
+        """b, the number of outer samples ξ in ``batch`` (a static shape)."""
+        return int(batch["y"].shape[0])
+
+    def value(self, params: Params, batches: dict[str, Batch], ctx: Context) -> Tensor:
+        """``F̂(x; ξ, B)`` on the step's batch (FCSG eq. 3, averaged over the b outer samples)."""
+        batch = batches["inner"]
+        return self.outer(self.inner(params, batch, ctx), batch, ctx) + self.regularizer(params)
+
+    def outer_shared(self, y: Any, batch: Batch, ctx: Context) -> Tensor:
+        """``mean_i f_{ξ_i}(y)`` at one inner value y shared by every ξ_i of ``batch`` — the
+        compositional reading of the problem that Local-SCGD takes (ξ and η independent)."""
+        b = self.num_outer(batch)
+        return self.outer(tree_map(lambda t: t.expand(b, *t.shape), y), batch, ctx)
+
+
+# ---------------------------------------------------------------------- §5.1 invariant LR
+def nonconvex_regularizer(params: Params, lam: float, gamma: float) -> Tensor:
+    """``λ Σ_i γ x_i² / (1 + γ x_i²)`` over every parameter entry (FCSG eq. 4)."""
+    return lam * sum(((gamma * w**2) / (1 + gamma * w**2)).sum() for w in tree_leaves(params))  # type: ignore[return-value]
+
+
+class InvariantLogReg(ConditionalObjective):
+    """Invariant logistic regression (FCSG §5.1, eq. 4; Hu et al. 2020).
+
+    ``F(x) = E_{ξ=(a,b)} log(1 + exp(−b · E_{η|ξ}[η]ᵀx)) + λ Σ_i γx_i²/(1 + γx_i²)`` with
+    ``η ~ N(a, σ₂² I)``. Here ``g_η(x, ξ) = s(x; η)`` is the model's score of η (ηᵀx for the
+    ``linear`` model), ``f_ξ(u) = log(1 + exp(−b u))``. :meth:`augment` draws the m samples
+    η | ξ of every outer sample with the client's generator, outside ``vmap``.
+
+    Args:
+        model: a model with one output, the score (``linear`` for the paper's x ∈ R^d).
+        sigma2: σ₂, the conditional noise.
+        m: inner samples per outer sample.
+        lam: λ (paper: 0.001). gamma: γ (paper: 10).
+    """
+
+    has_augment: ClassVar[bool] = True
+
+    def __init__(self, model: nn.Module, sigma2: float, m: int, lam: float, gamma: float) -> None:
+        super().__init__(model)
+        self.sigma2, self.m, self.lam, self.gamma = float(sigma2), int(m), float(lam), float(gamma)
+
+    def score(self, params: Params, z: Tensor) -> Tensor:
+        """The model's scalar score of every row of ``z`` [n, d] → [n]."""
+        return functional_call(self.model, params, (z,)).squeeze(-1)
+
+    def augment(self, batch: Batch, generators: list[torch.Generator]) -> Batch:
+        """Add ``eta`` [n, b, m, d]: ``η_ij = a_i + σ₂ ε_ij``, ε from client i's generator."""
+        a = batch["x"]
+        _, b, d = a.shape
+        eps = torch.stack(
+            [torch.randn(b, self.m, d, generator=g, dtype=a.dtype) for g in generators]
+        )
+        return {**batch, "eta": a.unsqueeze(2) + self.sigma2 * eps.to(a.device)}
+
+    def inner(self, params: Params, batch: Batch, ctx: Context) -> Tensor:
+        """``mean_j s(x; η_ij)`` per outer sample, [b] (ηᵀx averaged over the m samples)."""
+        eta = batch["eta"]
+        b, m, d = eta.shape
+        return self.score(params, eta.reshape(b * m, d)).view(b, m).mean(1)
+
+    def outer(self, y: Any, batch: Batch | None, ctx: Context) -> Tensor:
+        """``mean_i log(1 + exp(−b_i y_i))`` with ``b_i = 2 y_i^{label} − 1 ∈ {±1}``."""
+        assert batch is not None
+        sign = 2 * batch["y"].to(y.dtype) - 1
+        return F.softplus(-sign * y).mean()
+
+    def regularizer(self, params: Params) -> Tensor:
+        return nonconvex_regularizer(params, self.lam, self.gamma)
+
+    def predict(self, params: Params, x: Tensor) -> Tensor:
+        """Two-class logits ``[−s/2, s/2]`` of the score of a: the arg-max is sign(aᵀx) and the
+        cross-entropy is the logistic loss, so the loop's metrics apply unchanged."""
+        s = self.score(params, x)
+        return torch.stack([-s / 2, s / 2], dim=-1)
+
+    def describe(self) -> dict[str, Any]:
+        return {"objective": "InvariantLogReg", "sigma2": self.sigma2, "m": self.m}
+
+
+@dataclass(frozen=True)
+class InvariantLogRegParams(ProblemParams):
+    """Invariant logistic regression (FCSG §5.1); data: ``data.name=invariant_logreg``.
+
+    Attributes:
+        sigma2: σ₂ of η ~ N(a, σ₂² I) (paper: σ₂/σ₁ ∈ {1, 1.5, 2} with σ₁ = 1).
+        m: inner samples η per outer sample ξ (paper: 1, 10, 100).
+        lam: λ of the non-convex regulariser (paper: 0.001).
+        gamma: γ of the non-convex regulariser (paper: 10).
+    """
+
+    sigma2: float = 1.0
+    m: int = 10
+    lam: float = 0.001
+    gamma: float = 10.0
+
+    def validate(self) -> None:
+        self.require("sigma2", self.sigma2 >= 0, "a float >= 0", "1.0")
+        self.require("m", self.m >= 1, "an int >= 1", "10")
+        self.require("lam", self.lam >= 0, "a float >= 0", "0.001")
+        self.require("gamma", self.gamma > 0, "a float > 0", "10")
+
+
+@register_problem("invariant_logreg")
+class InvariantLogRegProblem(Problem):
+    """FCSG §5.1; the model is a score (``model.name=linear``, one output)."""
+
+    params_cls = InvariantLogRegParams
+
+    def num_outputs(self) -> int:
+        return 1
+
+    def objectives(self, model: nn.Module) -> dict[str, Objective]:
+        p = self.params
+        assert isinstance(p, InvariantLogRegParams)
+        return {"conditional": InvariantLogReg(model, p.sigma2, p.m, p.lam, p.gamma)}
+
+
+# ---------------------------------------------------------------------- §5.3 AUPRC
+def ap_surrogate_terms(h: Tensor, y: Tensor, margin: float) -> tuple[Tensor, Tensor]:
+    """``u₁_i = mean_j 1(y_j = 1) ℓ_ij`` and ``u₂_i = mean_j ℓ_ij`` with the squared hinge
+    ``ℓ_ij = ℓ(x; z_i, z_j) = (max{s − h(z_i) + h(z_j), 0})²`` (FCSG §5.3), for every row i
+    as anchor and every row j of the batch (the anchor included, as in the definition of AP:
+    the precision at z⁺'s own threshold counts z⁺); only positive anchors are used.
+
+    Args:
+        h: scores [b]. y: labels in {0, 1} [b]. margin: s.
+
+    Returns:
+        u₁, u₂, each [b].
+    """
+    loss = torch.relu(margin - h.unsqueeze(1) + h.unsqueeze(0)) ** 2
+    pos = (y == 1).to(h.dtype)
+    return (loss * pos.unsqueeze(0)).mean(1), loss.mean(1)
+
+
+def ap_surrogate(u: Tensor, y: Tensor) -> Tensor:
+    """``mean over positive anchors i of f(u_i) = −u₁_i / u₂_i`` (FCSG eq. 6; u₂ ≥ s²/b > 0)."""
+    pos = (y == 1).to(u.dtype)
+    return (pos * (-u[:, 0] / u[:, 1])).sum() / pos.sum()
+
+
+class BinaryScorer(Objective):
+    """Shared by the objectives of the AUPRC task: a one-output model's score, two-class logits
+    ``[−s/2, s/2]`` for the loop's accuracy and loss, and the average precision metric."""
+
+    def score(self, params: Params, x: Tensor) -> Tensor:
+        """The raw score of every row, [n]."""
+        return functional_call(self.model, params, (x,)).squeeze(-1)
+
+    def predict(self, params: Params, x: Tensor) -> Tensor:
+        s = self.score(params, x)
+        return torch.stack([-s / 2, s / 2], dim=-1)
+
+    def eval_metrics(self) -> dict[str, Metric]:
+        from lit_fedco.metrics import PooledAveragePrecision
+
+        return {"ap": PooledAveragePrecision()}
+
+
+class AveragePrecision(BinaryScorer, ConditionalObjective):
+    """The AP surrogate (FCSG eq. 6): ``F(x) = E_{ξ⁺} f(E_ξ g(x; ξ⁺, ξ))`` with
+    ``g = (1(y = 1) ℓ, ℓ) ∈ R²`` and ``f(u₁, u₂) = −u₁/u₂``, on scores ``h = sigmoid(score)``
+    (bounded, as in Qi et al. 2021's SOAP). The batch's positives are the outer samples ξ⁺ and
+    all its rows the inner samples; :class:`~lit_fedco.data.tasks.PositiveSampler` puts
+    ``positives`` positives in every batch.
+
+    Args:
+        model: a one-output model. margin: s. positives: positives per batch.
+    """
+
+    def __init__(self, model: nn.Module, margin: float, positives: int) -> None:
+        super().__init__(model)
+        self.margin, self.positives = float(margin), int(positives)
+
+    def inner(self, params: Params, batch: Batch, ctx: Context) -> Tensor:
+        """``(u₁_i, u₂_i)`` for every row i as anchor, [b, 2]."""
+        h = torch.sigmoid(self.score(params, batch["x"]))
+        u1, u2 = ap_surrogate_terms(h, batch["y"], self.margin)
+        return torch.stack([u1, u2], dim=-1)
+
+    def outer(self, y: Any, batch: Batch | None, ctx: Context) -> Tensor:
+        assert batch is not None
+        return ap_surrogate(y, batch["y"])
+
+    def make_sampler(self, data: FederatedData, seed: int) -> BatchSampler:
+        from lit_fedco.data.tasks import PositiveSampler
+
+        return PositiveSampler(data, seed, self.positives)
+
+    def describe(self) -> dict[str, Any]:
+        return {"objective": "AveragePrecision", "margin": self.margin}
+
+
+class ScoreERM(BinaryScorer):
+    """Cross-entropy of the two-class logits, i.e. the logistic loss of the score (FedAvg's
+    objective in FCSG §5.3), on plain minibatches."""
+
+
+def auc_minmax_loss(
+    h: Tensor, y: Tensor, a: Tensor, b: Tensor, alpha: Tensor, p: float, margin: float
+) -> Tensor:
+    """Per-sample min-max margin AUC square loss (Yuan et al. 2021, the loss of CODA+):
+
+    ``(1−p)(h−a)² 1[y=1] + p(h−b)² 1[y=0] + 2α(p(1−p)m + p h 1[y=0] − (1−p) h 1[y=1])
+    − p(1−p)α²``, minimised over (x, a, b) and maximised over α ≥ 0; p is the positive ratio.
+    """
+    pos = (y == 1).to(h.dtype)
+    neg = 1 - pos
+    return (
+        (1 - p) * (h - a) ** 2 * pos
+        + p * (h - b) ** 2 * neg
+        + 2 * alpha * (p * (1 - p) * margin + p * h * neg - (1 - p) * h * pos)
+        - p * (1 - p) * alpha**2
+    )
+
+
+class AUCMinMax(BinaryScorer):
+    """The min-max AUC objective of CODA+ on scores ``h = sigmoid(score)``; p from the data.
+
+    Args:
+        model: a one-output model. p: the training positive ratio. margin: m.
+    """
+
+    composition: ClassVar[str] = "minimax"
+
+    def __init__(self, model: nn.Module, p: float, margin: float) -> None:
+        super().__init__(model)
+        self.p, self.margin = float(p), float(margin)
+
+    def minimax_value(self, params: Params, aux: dict[str, Tensor], batch: Batch) -> Tensor:
+        """Mean :func:`auc_minmax_loss` with ``aux = {"a", "b", "alpha"}`` (scalars)."""
+        h = torch.sigmoid(self.score(params, batch["x"]))
+        return auc_minmax_loss(
+            h, batch["y"], aux["a"], aux["b"], aux["alpha"], self.p, self.margin
+        ).mean()
+
+    def describe(self) -> dict[str, Any]:
+        return {"objective": "AUCMinMax", "positive_ratio": self.p, "margin": self.margin}
+
+
+@dataclass(frozen=True)
+class AUPRCParams(ProblemParams):
+    """Federated online AUPRC (FCSG §5.3); data: ``data.binary=true``.
+
+    Attributes:
+        margin: s of the squared hinge ℓ (and CODA+'s margin; LibAUC's default 1.0).
+        positives: positives in every minibatch of the AP objective (D-AUPRC: 4 of 20).
+    """
+
+    margin: float = 1.0
+    positives: int = 4
+
+    def validate(self) -> None:
+        self.require("margin", self.margin > 0, "a float > 0", "1.0")
+        self.require("positives", self.positives >= 1, "an int >= 1", "4")
+
+
+@register_problem("auprc")
+class AUPRCProblem(Problem):
+    """FCSG §5.3: the AP surrogate for conditional updaters, cross-entropy for FedAvg, the
+    min-max AUC loss for CODA+ — all scored by average precision on the unchanged test set."""
+
+    params_cls = AUPRCParams
+
+    def num_outputs(self) -> int:
+        return 1
+
+    def positive_ratio(self) -> float:
+        """p, the fraction of positives among all clients' training rows."""
+        return float((self.data.y_train == 1).double().mean())
+
+    def objectives(self, model: nn.Module) -> dict[str, Objective]:
+        p = self.params
+        assert isinstance(p, AUPRCParams)
+        return {
+            "conditional": AveragePrecision(model, p.margin, p.positives),
+            "erm": ScoreERM(model),
+            "minimax": AUCMinMax(model, self.positive_ratio(), p.margin),
+        }

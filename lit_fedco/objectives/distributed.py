@@ -1,0 +1,307 @@
+"""Objectives with a distributed inner function (FedDRO paper, eq. 2 and §2.1).
+
+    Φ(x) = h(x) + f((1/K) Σ_k g_k(x)),        h = (1/K) Σ_k h_k
+
+Client k knows only its own ``g_k`` and ``h_k`` (means over its samples); the outer ``f`` is
+shared. With an equal split (the paper's setting) the client means average to the mean over all
+M samples, so Φ is the sample-level DRO objective over the union of the clients' data; with
+unequal client sizes every client counts 1/K and its samples 1/(K n_k).
+
+Sample-level DRO (paper eq. 3) over per-sample losses ``ℓ_i = ℓ(x; ζ_i)``, i = 1..M::
+
+    max_{p ∈ Δ_M}  Σ_i p_i ℓ_i − λ D(p, 1/M)
+
+**KL divergence** ``D = Σ p_i log(M p_i)``. The maximiser is ``p = softmax(ℓ/λ)`` and the value
+``λ log((1/M) Σ_i exp(ℓ_i/λ))``: inner ``g_k = mean_{i∈k} exp(ℓ_i/λ)`` (p = 1), outer
+``f(u) = λ log u``, h = 0. The paper's eq. (4) drops the factor λ (its gradient is ours divided
+by λ, i.e. its step size is η/λ in ours); we keep it so that the value is the minimax value.
+
+**χ² divergence** ``D = (M/2) Σ (p_i − 1/M)²``. Derivation (paper eq. (5) is not it: its signs
+are flipped and it misses the mean loss). Drop ``p ≥ 0`` and keep ``Σ p_i = 1`` with a
+multiplier μ; stationarity gives ``ℓ_i − λM (p_i − 1/M) − μ = 0``; summing over i fixes
+``μ = ℓ̄ = (1/M) Σ ℓ_i``, so ::
+
+    p_i = 1/M + (ℓ_i − ℓ̄)/(λM),
+    value = ℓ̄ + (1/(λM)) Σ (ℓ_i − ℓ̄) ℓ_i − (1/(2λM)) Σ (ℓ_i − ℓ̄)² = ℓ̄ + Var(ℓ)/(2λ)
+          = mean(ℓ + ℓ²/(2λ)) − (mean ℓ)²/(2λ).
+
+Hence ``h_k = mean_{i∈k} (ℓ_i + ℓ_i²/(2λ))``, ``g_k = mean_{i∈k} ℓ_i`` (p = 1) and
+``f(u) = −u²/(2λ)`` (concave). **Validity**: the closed form is the max over the simplex only
+when every ``p_i ≥ 0``, i.e. ``min_i ℓ_i ≥ ℓ̄ − λ``. Otherwise the unconstrained maximiser
+leaves the simplex and the closed form (a max over the larger affine hull) *overestimates* the
+DRO value; :func:`chi2_closed_form_valid` checks the condition.
+
+**Stable KL form.** ``exp(ℓ/λ)`` overflows for small λ (λ = 0.01 and ℓ ≈ 10 give exp(1000)).
+Every inner value of the KL objective is carried in *units* ``exp(c/λ)`` with a log-space shift
+c shared by all clients: ``g_k^c = mean exp((ℓ_i − c)/λ)`` and ``f_c(u) = λ log u + c``. Then
+``f_c(mean_k g_k^c) = f(mean_k g_k)`` exactly, and ``∇f_c(u) ∇g^c`` is unchanged, because the
+factor ``exp(−c/λ)`` cancels. The shift is chosen once per round from the cohort's probes
+(``c = max_k λ log g_k(x̄; B_k)``, computed with log-sum-exp, so the cohort mean starts in
+[1/m, 1]) and estimates carried across rounds are converted exactly, in log space
+(:meth:`KLSampleDRO.convert`). Limitation: within a round the shift is fixed, so per-sample
+losses must stay within ``λ · log(max float)`` of it (88λ in float32, 709λ in float64): at
+λ = 0.01 that is ±0.88 in float32 — run small λ in float64.
+
+``f_c`` reads an estimate u at ``max(u, u_min)``, its projection onto the range of g
+(``g ≥ exp(−c/λ)`` for non-negative losses): λ log is Lipschitz only away from 0 (the paper's
+Assumption 3.2 needs it), and the hybrid estimator (eq. 8) or the server step γ_y > 1 can push
+an estimate of a positive mean towards or below 0 (:class:`KLSampleDRO`).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any, ClassVar
+
+import torch
+from torch import Tensor, nn
+from torch.func import grad
+
+from lit_fedco.errors import ConfigError
+from lit_fedco.objectives.base import Batch, Context, Objective, Params, cross_entropy
+
+DISTRIBUTED_OBJECTIVES = ("kl", "chi2")
+
+Y_FLOOR = 1e-12
+"""The least value ``λ log u`` is read at when no bound of g is known (in the round's units,
+in which the cohort mean starts in [1/m, 1])."""
+
+
+# ---------------------------------------------------------------------- closed forms (tests)
+def kl_sample_value(losses: Tensor, lam: float) -> Tensor:
+    """``λ log((1/M) Σ_i exp(ℓ_i/λ))``, the KL-DRO value (eq. 3-4), by log-sum-exp."""
+    return lam * (torch.logsumexp(losses / lam, dim=-1) - math.log(losses.shape[-1]))
+
+
+def kl_sample_weights(losses: Tensor, lam: float) -> Tensor:
+    """The maximising ``p = softmax(ℓ/λ)``."""
+    return torch.softmax(losses / lam, dim=-1)
+
+
+def kl_sample_primal(losses: Tensor, p: Tensor, lam: float) -> Tensor:
+    """``Σ p_i ℓ_i − λ Σ p_i log(M p_i)`` at weights p (0 log 0 = 0)."""
+    m = losses.shape[-1]
+    ent = torch.where(p > 0, p * torch.log(m * p.clamp_min(1e-300)), torch.zeros_like(p))
+    return (p * losses).sum(-1) - lam * ent.sum(-1)
+
+
+def chi2_value(losses: Tensor, lam: float) -> Tensor:
+    """The closed form ``ℓ̄ + Var(ℓ)/(2λ)`` (population variance); the χ²-DRO value only where
+    :func:`chi2_closed_form_valid` holds."""
+    mean = losses.mean(-1)
+    return mean + ((losses - mean.unsqueeze(-1)) ** 2).mean(-1) / (2 * lam)
+
+
+def chi2_weights(losses: Tensor, lam: float) -> Tensor:
+    """The unconstrained maximiser ``p_i = 1/M + (ℓ_i − ℓ̄)/(λM)`` (sums to 1)."""
+    m = losses.shape[-1]
+    return 1.0 / m + (losses - losses.mean(-1, keepdim=True)) / (lam * m)
+
+
+def chi2_closed_form_valid(losses: Tensor, lam: float) -> Tensor:
+    """``min_i ℓ_i ≥ ℓ̄ − λ``: every weight of :func:`chi2_weights` is non-negative."""
+    return losses.min(-1).values >= losses.mean(-1) - lam
+
+
+def chi2_primal(losses: Tensor, p: Tensor, lam: float) -> Tensor:
+    """``Σ p_i ℓ_i − λ (M/2) Σ (p_i − 1/M)²`` at weights p."""
+    m = losses.shape[-1]
+    return (p * losses).sum(-1) - lam * m / 2 * ((p - 1.0 / m) ** 2).sum(-1)
+
+
+# ---------------------------------------------------------------------- objectives
+class DistributedObjective(Objective):
+    """Base class of ``Φ = h + f(mean_k g_k)`` with g, h means over a client's samples.
+
+    Subclasses define the per-batch pieces on the per-sample losses
+    (:meth:`g_of_losses`, :meth:`h_of_losses`) and the outer :meth:`f`. Inner values may be
+    carried in objective-specific *units* (the KL shift): :meth:`units` picks them from the
+    cohort's probes once per round and :meth:`convert` moves a carried estimate between them.
+    The default has no units (the identity).
+
+    Args:
+        model: the network.
+        lam: λ > 0, the divergence weight.
+        sample_loss: per-sample loss ``ℓ(logits, target) -> [b]``.
+    """
+
+    composition: ClassVar[str] = "distributed"
+    has_probe: ClassVar[bool] = True
+    unit_keys: ClassVar[tuple[str, ...]] = ()
+    """Context entries that fix the units of inner values (kept in the server state)."""
+
+    def __init__(
+        self,
+        model: nn.Module,
+        lam: float = 1.0,
+        sample_loss: Callable[[Tensor, Tensor], Tensor] = cross_entropy,
+    ) -> None:
+        super().__init__(model, sample_loss)
+        if not lam > 0:
+            raise ConfigError.bad_value("lam", lam, "a float > 0 (λ)", "1.0")
+        self.lam = float(lam)
+
+    # -- per-batch pieces ------------------------------------------------------------
+    def g_of_losses(self, losses: Tensor, ctx: Context) -> Tensor:
+        """``g_k(x; batch)`` from the batch's per-sample losses; the mean by default."""
+        return losses.mean()
+
+    def h_of_losses(self, losses: Tensor, ctx: Context) -> Tensor:
+        """``h_k(x; batch)``; zero by default."""
+        return losses.sum() * 0.0
+
+    def f(self, y: Tensor, ctx: Context) -> Tensor:
+        """The outer function; the identity by default."""
+        return y.sum()
+
+    def df(self, y: Tensor, ctx: Context) -> Tensor:
+        """``∇f(y)``, the cotangent of eq. (7); by autograd unless a subclass writes it out."""
+        return grad(lambda v: self.f(v, ctx))(y)
+
+    def parts(self, params: Params, batch: Batch, ctx: Context) -> tuple[Tensor, Tensor, Tensor]:
+        """``(g_k(x; batch), h_k(x; batch), mean loss)`` from one forward pass."""
+        losses = self.losses(params, batch)
+        return self.g_of_losses(losses, ctx), self.h_of_losses(losses, ctx), losses.mean()
+
+    # -- the Objective interface -----------------------------------------------------
+    def inner(self, params: Params, batch: Batch, ctx: Context) -> Any:
+        return self.g_of_losses(self.losses(params, batch), ctx)
+
+    def outer(self, y: Any, batch: Batch | None, ctx: Context) -> Tensor:
+        return self.f(y, ctx)
+
+    def h(self, params: Params, batch: Batch, ctx: Context) -> Tensor:
+        """The non-compositional term ``h_k(x; batch)``."""
+        return self.h_of_losses(self.losses(params, batch), ctx)
+
+    def value(self, params: Params, batches: dict[str, Batch], ctx: Context) -> Tensor:
+        """``f(g_k(x; B)) + h_k(x; B)`` on the step's first batch (a one-client estimate)."""
+        g, h, _ = self.parts(params, next(iter(batches.values())), ctx)
+        return self.f(g, ctx) + h
+
+    # -- units ---------------------------------------------------------------------------
+    def probe(self, params: Params, batch: Batch, ctx: Context) -> Tensor | None:
+        """The client's inner value at the broadcast point in a unit-free form."""
+        return self.inner(params, batch, {})
+
+    def units(self, probes: Tensor) -> Context:
+        """The round's units, from the cohort's probes ``[m, ...]``; none by default."""
+        return {}
+
+    def cohort_mean(self, probes: Tensor, units: Context) -> Tensor:
+        """``mean_k g_k(x̄; B_k)`` over the cohort, in ``units``."""
+        return probes.mean(0)
+
+    def convert(self, y: Tensor, old: Context, new: Context) -> Tensor:
+        """An inner value carried in units ``old``, expressed in units ``new``."""
+        return y
+
+    def round_context(self, probes: Tensor) -> Context:
+        return self.units(probes)
+
+    def describe(self) -> dict[str, Any]:
+        return {"objective": type(self).__name__, "lam": self.lam}
+
+
+class KLSampleDRO(DistributedObjective):
+    """Sample-level KL-DRO, ``λ log((1/M) Σ_i exp(ℓ_i/λ))`` (paper §2.1, eq. 4 times λ).
+
+    ``g_k^c = mean exp((ℓ − c)/λ)``, ``f_c(u) = λ log max(u, u_min) + c``, h = 0, with the
+    shared shift ``c = ctx["shift"]`` (module docstring, "Stable KL form").
+
+    ``u_min`` is the least value g can take: with per-sample losses ``ℓ ≥ loss_floor``
+    (cross-entropy: 0), ``g ≥ exp((loss_floor − c)/λ)``. An estimate below it (the hybrid
+    estimator (8) or a server step γ_y > 1 can undershoot, even below 0) is projected onto the
+    range of g before ``f`` and ``∇f = λ/u`` read it; on that range f is Lipschitz with
+    ``B_f = λ exp(−loss_floor/λ)``, as the paper's Assumption 3.2 requires. Without a known
+    bound (``loss_floor=None``) only a tiny ``Y_FLOOR`` guards the logarithm.
+
+    Args:
+        model, lam, sample_loss: as :class:`DistributedObjective`.
+        loss_floor: a lower bound of the per-sample loss, or None.
+    """
+
+    unit_keys: ClassVar[tuple[str, ...]] = ("shift",)
+
+    def __init__(
+        self,
+        model: nn.Module,
+        lam: float = 1.0,
+        sample_loss: Callable[[Tensor, Tensor], Tensor] = cross_entropy,
+        loss_floor: float | None = 0.0,
+    ) -> None:
+        super().__init__(model, lam, sample_loss)
+        self.loss_floor = loss_floor
+
+    def g_of_losses(self, losses: Tensor, ctx: Context) -> Tensor:
+        c = ctx.get("shift")
+        z = losses if c is None else losses - c
+        return torch.exp(z / self.lam).mean()
+
+    def inner_floor(self, y: Tensor, ctx: Context) -> Tensor:
+        """``u_min`` in the units of ``ctx`` (at least ``Y_FLOOR``)."""
+        if self.loss_floor is None:
+            return y.new_tensor(Y_FLOOR)
+        c = ctx.get("shift", y.new_zeros(()))
+        return torch.exp((self.loss_floor - c) / self.lam).clamp_min(Y_FLOOR)
+
+    def f(self, y: Tensor, ctx: Context) -> Tensor:
+        c = ctx.get("shift")
+        out = self.lam * torch.log(torch.maximum(y, self.inner_floor(y, ctx))).sum()
+        return out if c is None else out + c
+
+    def df(self, y: Tensor, ctx: Context) -> Tensor:
+        """``λ / max(y, u_min)``: ∇f at the projection of y onto the range of g."""
+        return self.lam / torch.maximum(y, self.inner_floor(y, ctx))
+
+    def probe(self, params: Params, batch: Batch, ctx: Context) -> Tensor | None:
+        """``λ log g_k(x; B) = λ (logsumexp(ℓ/λ) − log b)``: no overflow at any λ."""
+        losses = self.losses(params, batch)
+        return self.lam * (torch.logsumexp(losses / self.lam, 0) - math.log(losses.shape[0]))
+
+    def units(self, probes: Tensor) -> Context:
+        """The shift ``c = max_k λ log g_k``: the cohort mean then lies in [1/m, 1]."""
+        return {"shift": probes.max()}
+
+    def cohort_mean(self, probes: Tensor, units: Context) -> Tensor:
+        return torch.exp((probes - units["shift"]) / self.lam).mean(0)
+
+    def convert(self, y: Tensor, old: Context, new: Context) -> Tensor:
+        """``y exp((c_old − c_new)/λ)``, in log space so that neither factor overflows."""
+        log_y = torch.log(y.abs().clamp_min(torch.finfo(y.dtype).tiny))
+        scaled = torch.exp(log_y + (old["shift"] - new["shift"]) / self.lam)
+        return torch.where(y == 0, torch.zeros_like(y), torch.sign(y) * scaled)
+
+
+class Chi2SampleDRO(DistributedObjective):
+    """Sample-level χ²-DRO in closed form (module docstring): ``h = mean(ℓ + ℓ²/(2λ))``,
+    ``g = mean ℓ``, ``f(u) = −u²/(2λ)``. Equals the DRO value where
+    :func:`chi2_closed_form_valid` holds, and bounds it from above elsewhere."""
+
+    def h_of_losses(self, losses: Tensor, ctx: Context) -> Tensor:
+        return (losses + losses**2 / (2 * self.lam)).mean()
+
+    def f(self, y: Tensor, ctx: Context) -> Tensor:
+        return -(y**2).sum() / (2 * self.lam)
+
+    def df(self, y: Tensor, ctx: Context) -> Tensor:
+        return -y / self.lam
+
+
+def make_distributed_objective(
+    name: str,
+    model: nn.Module,
+    lam: float,
+    sample_loss: Callable[[Tensor, Tensor], Tensor] = cross_entropy,
+) -> DistributedObjective:
+    """The objective called ``name``: ``"kl"`` or ``"chi2"`` (config ``<updater>.objective``).
+
+    A ``sample_loss`` other than cross-entropy gives the KL form no lower bound of the loss.
+    """
+    if name == "kl":
+        floor = 0.0 if sample_loss is cross_entropy else None
+        return KLSampleDRO(model, lam, sample_loss, loss_floor=floor)
+    if name == "chi2":
+        return Chi2SampleDRO(model, lam, sample_loss)
+    raise ConfigError.bad_value("objective", name, f"one of {DISTRIBUTED_OBJECTIVES}", "kl")

@@ -1,0 +1,405 @@
+"""FedDRO, DS-FedDRO and their baselines on a distributed inner function (Khanduri et al.).
+
+The problem (paper eq. 2) is ``Φ(x) = h(x) + f((1/K) Σ_k g_k(x))``: client k knows only its
+``g_k`` and ``h_k`` (:mod:`lit_fedco.objectives.distributed`). Every method here steps along
+the estimate of eq. (7)::
+
+    u_k = ∇h_k(x_k; ξ) + ∇g_k(x_k; ζ)ᵀ ∇f(y)        # one vector-Jacobian product
+
+and they differ in the inner estimate ``y`` and in what is communicated when:
+
+==================  ===================================================  ======================
+updater             y                                                    communicated
+==================  ===================================================  ======================
+``feddro``          hybrid estimator (8), cohort-averaged every step     ȳ every step, x every I
+``ds_feddro``       local moving average, server steps γ_x, γ_y          x and y every I steps
+``fedavg_co``       local ``g_k(x_k)``; case II starts each round at ȳ    x (case II: and y)
+``mbsgd``           cohort mean of ``g_k(x̄; B'_k)`` (the probe)           x every step (I = 1)
+==================  ===================================================  ======================
+
+Batches: each local step draws two independent minibatches per client, ``"grad"`` (ζ and ξ of
+eq. 7) and ``"value"`` (the fresh ζ' of the inner estimate). The probe at the start of a round
+reads the ``"value"`` batch of step 0; it fixes the round's units of inner values (the KL shift)
+and, at round 0 (or every round for MBSGD), the cohort mean ``mean_k g_k(x̄; B_k)`` that
+initialises ȳ (``ALGORITHMS.md``: "Initialise ȳ = mean_k g_k(x⁰; B)").
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+import torch
+from torch import Tensor, nn
+from torch.func import grad
+
+from lit_fedco.errors import ConfigError
+from lit_fedco.objectives.base import Batch, Context, Objective, Params
+from lit_fedco.objectives.distributed import (
+    DISTRIBUTED_OBJECTIVES,
+    DistributedObjective,
+    make_distributed_objective,
+)
+from lit_fedco.state import State, tree_axpy, tree_map
+from lit_fedco.updaters.base import CompositionalUpdater, Hparams, register
+
+FEDAVG_CO_CASES = ("I", "II")
+
+
+@dataclass(frozen=True)
+class DistributedHparams(Hparams):
+    """Hyperparameters shared by the updaters of this module.
+
+    Attributes:
+        lr: η, the client step size.
+        objective: ``"kl"`` (sample-level KL-DRO) or ``"chi2"`` (χ²-DRO), paper §2.1.
+        lam: λ, the divergence weight of the DRO objective.
+        lr_decay_round: from this round on, the step size is ``lr · lr_decay`` (paper §6:
+            "dropped to 1/10th after 90 communication rounds"); 0 never decays. The round's
+            step size is then broadcast with the round context (1 float).
+        lr_decay: the factor of that drop.
+    """
+
+    lr: float = 0.05
+    objective: str = "kl"
+    lam: float = 1.0
+    lr_decay_round: int = 0
+    lr_decay: float = 0.1
+
+    def validate(self) -> None:
+        super().validate()
+        self.require(
+            "objective",
+            self.objective in DISTRIBUTED_OBJECTIVES,
+            f"one of {DISTRIBUTED_OBJECTIVES}",
+            "kl",
+        )
+        self.require("lam", self.lam > 0, "a float > 0 (λ)", "1.0")
+        self.require("lr_decay_round", self.lr_decay_round >= 0, "an int >= 0 (0: never)", "90")
+        self.require("lr_decay", self.lr_decay > 0, "a float > 0", "0.1")
+
+
+@dataclass(frozen=True)
+class FedDROHparams(DistributedHparams):
+    """FedDRO (Algorithm 2).
+
+    Attributes:
+        beta: β ∈ (0, 1], the weight of the fresh value in the hybrid estimator (8);
+            β = 1 is a plain minibatch estimate (Theorem 4.3 takes β proportional to η).
+    """
+
+    beta: float = 0.1
+
+    def validate(self) -> None:
+        super().validate()
+        self.require("beta", 0 < self.beta <= 1, "a float in (0, 1]", "0.1")
+
+
+@dataclass(frozen=True)
+class DSFedDROHparams(FedDROHparams):
+    """DS-FedDRO (Algorithm 3).
+
+    Attributes:
+        beta: β ∈ (0, 1], the moving-average weight of the local y (Theorem 5.2: β = c_β η).
+        gamma_x: γ_x > 0, the server step size on x (paper §6: 1.3 or 1.4; 1 is averaging).
+        gamma_y: γ_y > 0, the server step size on y.
+    """
+
+    gamma_x: float = 1.0
+    gamma_y: float = 1.0
+
+    def validate(self) -> None:
+        super().validate()
+        self.require("gamma_x", self.gamma_x > 0, "a float > 0 (γ_x)", "1.3")
+        self.require("gamma_y", self.gamma_y > 0, "a float > 0 (γ_y)", "1.4")
+
+
+@dataclass(frozen=True)
+class FedAvgCOHparams(DistributedHparams):
+    """Vanilla FedAvg for CO (Algorithm 1).
+
+    Attributes:
+        case: ``"I"`` (share x only) or ``"II"`` (share x and y every I steps).
+    """
+
+    case: str = "II"
+
+    def validate(self) -> None:
+        super().validate()
+        self.require("case", self.case in FEDAVG_CO_CASES, f"one of {FEDAVG_CO_CASES}", "II")
+
+
+class DistributedUpdater(CompositionalUpdater):
+    """Shared machinery: the objective, the eq. (7) direction, the round's inner estimate.
+
+    Server state: ``x``, the carried inner estimate ``y``, the ``units`` it is expressed in
+    (the KL shift), a ``started`` flag (0 before the first round) and the ``round`` counter
+    (for the step-size drop). Subclasses set :attr:`y_source` and implement
+    :meth:`client_step`.
+    """
+
+    hparams_cls: ClassVar[type[Hparams]] = DistributedHparams
+    compositions: ClassVar[tuple[str, ...]] = ("distributed",)
+    batch_roles: ClassVar[tuple[str, ...]] = ("grad", "value")
+    y_source: ClassVar[str] = "carried"
+    """What the round context's ``"y"`` holds: ``"carried"`` (the server's estimate, converted
+    to the round's units; the probe mean at round 0), ``"fresh"`` (the probe mean every round)
+    or ``"none"`` (no ``"y"``)."""
+
+    def build_objective(self, model: nn.Module) -> Objective:
+        hp = self.hparams
+        if not isinstance(hp, DistributedHparams):
+            raise ConfigError(f"{self.name}: hyperparameters must be a DistributedHparams")
+        return make_distributed_objective(hp.objective, model, hp.lam)
+
+    @property
+    def obj(self) -> DistributedObjective:
+        """The objective, typed."""
+        if not isinstance(self.objective, DistributedObjective):
+            raise ConfigError(f"{self.name}: needs a DistributedObjective")
+        return self.objective
+
+    @property
+    def y_mode(self) -> str:
+        """:attr:`y_source`, overridable per instance (FedAvg-CO's case)."""
+        return self.y_source
+
+    # ------------------------------------------------------------------ set-up
+    def init_server(self, params: dict[str, Tensor]) -> State:
+        p = self.obj.inner_dim
+        ref = next(iter(params.values()))
+        zero = ref.new_zeros(())
+        return {
+            "x": {k: v.clone() for k, v in params.items()},
+            "y": zero.clone() if p == 1 else ref.new_zeros(p),
+            "units": {k: zero.clone() for k in self.obj.unit_keys},
+            "started": zero.clone(),
+            "round": zero.clone(),
+        }
+
+    @property
+    def uses_probe(self) -> bool:
+        """A probe is needed for the units (KL shift) or for the round's ȳ; the loop builds the
+        round context (which also carries a dropped step size) only with a probe."""
+        hp = self.hparams
+        decays = isinstance(hp, DistributedHparams) and hp.lr_decay_round > 0
+        return bool(self.obj.unit_keys) or self.y_mode != "none" or decays
+
+    def probe(self, state: State, batches: dict[str, Batch], ctx: Context) -> Tensor | None:
+        """``g_k(x̄; B'_k)`` in the objective's unit-free form, on step 0's value batch."""
+        return self.obj.probe(state["x"], batches["value"], {})
+
+    def round_context(self, server: State, probes: Tensor | None) -> Context:
+        """The round's units and its starting inner estimate ``"y"`` (see :attr:`y_source`)."""
+        if probes is None:
+            return self.step_size_context(server)
+        obj = self.obj
+        ctx = {**obj.units(probes), **self.step_size_context(server)}
+        mode = self.y_mode
+        if mode == "none":
+            return ctx
+        if mode == "carried" and float(server["started"]) > 0:  # server side: no vmap here
+            y = obj.convert(server["y"], server["units"], ctx)
+        else:
+            y = obj.cohort_mean(probes, ctx)
+        return {**ctx, "y": y}
+
+    def step_size_context(self, server: State) -> Context:
+        """``{"lr": η_r}`` when the step size drops at some round, else nothing."""
+        hp = self.hparams
+        assert isinstance(hp, DistributedHparams)
+        if hp.lr_decay_round <= 0:
+            return {}
+        late = float(server["round"]) >= hp.lr_decay_round
+        ref = next(iter(server["x"].values()))
+        return {"lr": ref.new_tensor(hp.lr * (hp.lr_decay if late else 1.0))}
+
+    def step_size(self, ctx: Context) -> float | Tensor:
+        """η of this round: the context's (after a drop) or the configured one."""
+        return ctx.get("lr", self.hparams.lr)
+
+    # ------------------------------------------------------------------ client side
+    def direction(self, x: Params, y: Tensor, batch: Batch, ctx: Context) -> tuple[Params, Tensor]:
+        """``u = ∇h_k(x; B) + ∇g_k(x; B)ᵀ ∇f(y)`` (eq. 7) and the batch's mean loss.
+
+        ``∇f(y)`` is a p-vector, so u is the gradient of the surrogate
+        ``⟨∇f(y), g_k(x; B)⟩ + h_k(x; B)`` with ``∇f(y)`` held fixed: one backward pass.
+        """
+        obj = self.obj
+        cot = obj.df(y, ctx)
+
+        def surrogate(p: Params) -> tuple[Tensor, Tensor]:
+            g, h, loss = obj.parts(p, batch, ctx)
+            return (cot * g).sum() + h, loss
+
+        u, loss = grad(surrogate, has_aux=True)(x)
+        return u, loss
+
+    def inner_value(self, x: Params, batch: Batch, ctx: Context) -> Tensor:
+        """``g_k(x; batch)`` in the round's units (no gradient needed)."""
+        return self.obj.inner(x, batch, ctx)
+
+    # ------------------------------------------------------------------ server side
+    def upload(self, state: State) -> State:
+        return {"x": state["x"], "y": state["y"]}
+
+    def server_update(self, server: State, mean: State, ctx: Context) -> State:
+        """Averaging: ``x ← mean_k x_k``, ``y ← mean_k y_k`` (if uploaded); the units of the
+        round are kept with y."""
+        units = {k: ctx[k] for k in self.obj.unit_keys}
+        return {
+            "x": mean["x"],
+            "y": mean.get("y", server["y"]),
+            "units": units,
+            "started": torch.ones_like(server["started"]),
+            "round": server["round"] + 1,
+        }
+
+
+@register("feddro")
+class FedDRO(DistributedUpdater):
+    """FedDRO (Algorithm 2, eqs. 7-8): the cohort shares ȳ after every local step.
+
+    One local step at client k, from ``(x_k, ȳ)``::
+
+        u_k   = ∇h_k(x_k; ξ) + ∇g_k(x_k; ζ)ᵀ ∇f(ȳ)                      (eq. 7)
+        x_k⁺  = x_k − η u_k
+        y_k   = (1 − β)(ȳ − g_k(x_k; ζ')) + g_k(x_k⁺; ζ')              (eq. 8, same ζ')
+        ȳ     ← mean_k y_k                      (all-reduce of p numbers, every step)
+
+    and ``x_k ← mean_k x_k`` every I steps. ȳ carries over rounds; at round 0 it starts at the
+    cohort mean of ``g_k(x⁰; B_k)``. By induction, with β = 1 or deterministic g, ȳ equals
+    ``mean_k g_k(x_k)`` at the current local points.
+    """
+
+    hparams_cls = FedDROHparams
+    step_keys: ClassVar[tuple[str, ...]] = ("y",)
+
+    def client_step(
+        self, state: State, batches: dict[str, Batch], ctx: Context, step: int
+    ) -> tuple[State, dict[str, Tensor]]:
+        hp = self.hparams
+        assert isinstance(hp, FedDROHparams)
+        x = state["x"]
+        ybar = ctx["y"] if step == 0 else state["y"]
+        u, loss = self.direction(x, ybar, batches["grad"], ctx)
+        x_new = tree_axpy(-self.step_size(ctx), u, x)
+        g_old = self.inner_value(x, batches["value"], ctx)
+        g_new = self.inner_value(x_new, batches["value"], ctx)
+        y = hybrid_estimate(ybar, g_old, g_new, hp.beta)
+        return {"x": x_new, "y": y}, {"loss": loss}
+
+
+def hybrid_estimate(ybar: Tensor, g_old: Tensor, g_new: Tensor, beta: float) -> Tensor:
+    """Eq. (8): ``(1 − β)(ȳ − g(x_prev; ζ')) + g(x; ζ')`` — a STORM-type estimate: SARAH's
+    correction ``g(x; ζ') − g(x_prev; ζ')`` on the old estimate, plus β times a fresh one."""
+    return (1 - beta) * (ybar - g_old) + g_new
+
+
+@register("ds_feddro")
+class DSFedDRO(DistributedUpdater):
+    """DS-FedDRO (Algorithm 3): local moving-average y, two-sided (server) step sizes.
+
+    Client step, with the client's own ``y_k`` (from the server's y at the round start)::
+
+        u_k   = ∇h_k(x_k; ξ) + ∇g_k(x_k; ζ)ᵀ ∇f(y_k)
+        x_k⁺  = x_k − η u_k
+        y_k⁺  = (1 − β) y_k + β g_k(x_k⁺; ζ')
+
+    Every I steps (Algorithm 3, step 7)::
+
+        x ← x − γ_x (x − mean_k x_k),     y ← y − γ_y (y − mean_k y_k)
+
+    γ_x = γ_y = 1 is plain averaging. Nothing is communicated between syncs.
+    """
+
+    hparams_cls = DSFedDROHparams
+
+    def client_step(
+        self, state: State, batches: dict[str, Batch], ctx: Context, step: int
+    ) -> tuple[State, dict[str, Tensor]]:
+        hp = self.hparams
+        assert isinstance(hp, DSFedDROHparams)
+        x = state["x"]
+        y = ctx["y"] if step == 0 else state["y"]
+        u, loss = self.direction(x, y, batches["grad"], ctx)
+        x_new = tree_axpy(-self.step_size(ctx), u, x)
+        y_new = (1 - hp.beta) * y + hp.beta * self.inner_value(x_new, batches["value"], ctx)
+        return {"x": x_new, "y": y_new}, {"loss": loss}
+
+    def server_update(self, server: State, mean: State, ctx: Context) -> State:
+        """``x ← x + γ_x (mean_k x_k − x)``, ``y ← y + γ_y (mean_k y_k − y)`` with the y that
+        was broadcast this round (``ctx["y"]``, in the round's units)."""
+        hp = self.hparams
+        assert isinstance(hp, DSFedDROHparams)
+        new = super().server_update(server, mean, ctx)
+        new["x"] = tree_map(lambda s, m: s + hp.gamma_x * (m - s), server["x"], mean["x"])
+        new["y"] = ctx["y"] + hp.gamma_y * (mean["y"] - ctx["y"])
+        return new
+
+
+@register("fedavg_co")
+class FedAvgCO(DistributedUpdater):
+    """Vanilla FedAvg for CO (Algorithm 1), the paper's negative result (Theorem 4.1).
+
+    Each client estimates the inner function by its own ``g_k`` (step 5)::
+
+        u_k   = ∇h_k(x_k; ξ) + ∇g_k(x_k; ζ)ᵀ ∇f(y_k)
+        x_k⁺  = x_k − η u_k,       y_k⁺ = g_k(x_k⁺; ζ')
+
+    Every I steps x is averaged and (step 7) case I restarts from ``y_k = g_k(x̄; ζ')``, case II
+    from the shared ``ȳ = mean_k y_k`` of the round's last local values. Case II with ȳ shared
+    every step instead would be FedDRO with β = 1 (Theorem 4.2).
+    """
+
+    hparams_cls = FedAvgCOHparams
+
+    @property
+    def y_mode(self) -> str:
+        hp = self.hparams
+        assert isinstance(hp, FedAvgCOHparams)
+        return "carried" if hp.case == "II" else "none"
+
+    def client_step(
+        self, state: State, batches: dict[str, Batch], ctx: Context, step: int
+    ) -> tuple[State, dict[str, Tensor]]:
+        x = state["x"]
+        if step > 0:
+            y = state["y"]
+        elif self.y_mode == "carried":
+            y = ctx["y"]
+        else:
+            y = self.inner_value(x, batches["value"], ctx)
+        u, loss = self.direction(x, y, batches["grad"], ctx)
+        x_new = tree_axpy(-self.step_size(ctx), u, x)
+        return {"x": x_new, "y": self.inner_value(x_new, batches["value"], ctx)}, {"loss": loss}
+
+    def upload(self, state: State) -> State:
+        return {"x": state["x"], "y": state["y"]} if self.y_mode == "carried" else {"x": state["x"]}
+
+
+@register("mbsgd")
+class MBSGD(DistributedUpdater):
+    """Minibatch SGD for CO (the paper's MBSGD baseline, after Ghadimi & Lan 2013).
+
+    One step per round on the whole cohort's minibatch: the probe gathers
+    ``ȳ = mean_k g_k(x̄; B'_k)``, each client computes ``u_k`` (eq. 7) at x̄ with ȳ on its own
+    batch, and the server takes ``x ← x̄ − η mean_k u_k``. Runs with ``local_steps = 1``
+    (:attr:`fixed_local_steps`; the runner sets it).
+    """
+
+    y_source = "fresh"
+    fixed_local_steps: ClassVar[int | None] = 1
+
+    def client_step(
+        self, state: State, batches: dict[str, Batch], ctx: Context, step: int
+    ) -> tuple[State, dict[str, Tensor]]:
+        if step > 0:
+            raise ConfigError.bad_value(
+                "local_steps", step + 1, "1 for mbsgd (one step per round)", "1"
+            )
+        u, loss = self.direction(state["x"], ctx["y"], batches["grad"], ctx)
+        return {"x": tree_axpy(-self.step_size(ctx), u, state["x"])}, {"loss": loss}
+
+    def upload(self, state: State) -> State:
+        return {"x": state["x"]}

@@ -1,0 +1,168 @@
+"""The AUPRC task (FCSG §5.3): AP surrogate, binarised data, positive sampler, AP metric,
+CODA+'s min-max AUC loss."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+from sklearn.metrics import average_precision_score
+from torch import nn
+from torch.func import grad
+
+from lit_fedco.data.federated import make_federated
+from lit_fedco.data.tasks import PositiveSampler, binarize, drop_positives
+from lit_fedco.errors import ConfigError
+from lit_fedco.metrics import PooledAveragePrecision
+from lit_fedco.objectives.conditional import (
+    AUPRCParams,
+    AUPRCProblem,
+    AveragePrecision,
+    auc_minmax_loss,
+)
+
+
+class Linear(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(3, 1).double()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(x)
+
+
+def brute_force_ap_surrogate(params, model, x, y, s):
+    """mean over positives i of −u₁_i/u₂_i, every sum written out (FCSG eq. 6)."""
+    h = torch.sigmoid(torch.func.functional_call(model, params, (x,)).squeeze(-1))
+    terms = []
+    for i in range(len(y)):
+        if y[i] != 1:
+            continue
+        u1 = sum((y[j] == 1) * torch.clamp(s - h[i] + h[j], min=0) ** 2 for j in range(len(y)))
+        u2 = sum(torch.clamp(s - h[i] + h[j], min=0) ** 2 for j in range(len(y)))
+        terms.append(-(u1 / len(y)) / (u2 / len(y)))
+    return torch.stack(terms).mean()
+
+
+def test_ap_surrogate_and_its_gradient_equal_autograd_of_minus_u1_over_u2():
+    g = torch.Generator().manual_seed(0)
+    model = Linear()
+    params = {k: v.detach().clone() for k, v in model.named_parameters()}
+    x = torch.randn(9, 3, generator=g, dtype=torch.float64)
+    y = torch.tensor([1, 0, 0, 1, 0, 1, 0, 0, 0])
+    obj = AveragePrecision(model, margin=0.7, positives=3)
+    batch = {"x": x, "y": y}
+    value = obj.value(params, {"inner": batch}, {})
+    brute = brute_force_ap_surrogate(params, model, x, y, 0.7)
+    torch.testing.assert_close(value, brute, rtol=1e-12, atol=1e-14)
+    g_obj = grad(lambda p: obj.value(p, {"inner": batch}, {}))(params)
+    g_brute = grad(lambda p: brute_force_ap_surrogate(p, model, x, y, 0.7))(params)
+    torch.testing.assert_close(g_obj, g_brute, rtol=1e-10, atol=1e-12)
+    assert -1 <= float(value) < 0  # −precision-like
+
+
+def test_binarize_and_drop_positives():
+    y = torch.arange(10).repeat(100)
+    yb = binarize(y, 10)
+    assert yb[:10].tolist() == [0] * 5 + [1] * 5
+    keep = drop_positives(yb, 0.8, np.random.default_rng(0))
+    assert int((yb[keep] == 1).sum()) == 100  # 500 positives, 80% removed
+    assert int((yb[keep] == 0).sum()) == 500  # negatives untouched
+    with pytest.raises(ConfigError, match="drop_positive"):
+        drop_positives(yb, 1.0, np.random.default_rng(0))
+
+
+def binary_digits(num_clients: int = 4):
+    spec = SimpleNamespace(
+        name="digits", data_dir="", partition="iid", num_clients=num_clients, big=0, small=0,
+        small_classes=0, alpha=0.5, rho=0.3, val_per_client=1, seed=0, binary=True,
+        drop_positive=0.8, val_mode="all",
+    )  # fmt: skip
+    return make_federated(spec)
+
+
+def test_binary_data_removes_training_positives_and_keeps_the_test_set():
+    from lit_fedco.data.sources import load_source
+
+    _, y, _, y_te, _ = load_source("digits")
+    data = binary_digits()
+    pos_before = int((y >= 5).sum())
+    assert int((data.y_train == 1).sum()) == pos_before - round(0.8 * pos_before)
+    assert int((data.y_train == 0).sum()) == int((y < 5).sum())
+    # the test set: every held-out row, unchanged class mix, split evenly over the clients
+    assert len(data.y_val) == len(y_te)
+    assert int(data.y_val.sum()) == int((y_te >= 5).sum())
+    sizes = data.sizes("val")
+    assert int(sizes.max() - sizes.min()) <= 1
+
+
+def test_positive_sampler_puts_positives_in_every_batch():
+    data = binary_digits()
+    sampler = PositiveSampler(data, seed=0, positives=4)
+    idx = sampler.sample_round(torch.arange(4), 2, steps=5, roles=("inner",), batch_size=12)
+    assert idx.shape == (5, 1, 4, 12)
+    y = data.y_train[idx]
+    assert bool((y[..., :4] == 1).all())
+    for k in range(4):  # rows of client k only
+        lo, hi = int(data.train_offsets[k]), int(data.train_offsets[k + 1])
+        assert bool(((idx[:, :, k] >= lo) & (idx[:, :, k] < hi)).all())
+    again = sampler.sample_round(torch.tensor([2]), 2, steps=5, roles=("inner",), batch_size=12)
+    assert torch.equal(again[:, :, 0], idx[:, :, 2])  # a function of (seed, client, round)
+    with pytest.raises(ConfigError, match="batch_size"):
+        sampler.sample_round(torch.arange(4), 0, 1, ("inner",), 4)
+
+
+def test_pooled_average_precision_matches_scikit_learn():
+    g = torch.Generator().manual_seed(1)
+    s = torch.randn(200, generator=g) * 30  # large scores: no ties from a saturated sigmoid
+    y = (torch.rand(200, generator=g) < 0.2).long()
+    metric = PooledAveragePrecision()
+    for part in (slice(0, 70), slice(70, 200)):
+        logits = torch.stack([-s[part] / 2, s[part] / 2], dim=-1)
+        metric.update(logits, y[part], torch.zeros_like(y[part]))
+    expected = average_precision_score(y.numpy(), s.numpy())
+    assert float(metric.compute()) == pytest.approx(expected, rel=1e-6)  # float32 inside
+
+
+def test_codas_loss_is_stationary_at_its_closed_form_saddle_point():
+    """min over (a, b), max over α: a = mean positive score, b = mean negative score,
+    α = m + b − a (p the batch's positive ratio)."""
+    g = torch.Generator().manual_seed(2)
+    h = torch.rand(50, generator=g, dtype=torch.float64)
+    y = (torch.rand(50, generator=g) < 0.3).long()
+    p, m = float(y.double().mean()), 1.0
+    a, b = h[y == 1].mean(), h[y == 0].mean()
+    alpha = m + b - a
+    ga, gb, gal = grad(
+        lambda a_, b_, al_: auc_minmax_loss(h, y, a_, b_, al_, p, m).mean(), argnums=(0, 1, 2)
+    )(a, b, alpha)
+    for v in (ga, gb, gal):
+        assert abs(float(v)) < 1e-12
+
+
+def test_problem_takes_the_positive_ratio_from_the_data():
+    data = binary_digits()
+    problem = AUPRCProblem(AUPRCParams(), data)
+    objs = problem.objectives(Linear())
+    expected = float((data.y_train == 1).double().mean())
+    assert objs["minimax"].p == pytest.approx(expected)  # type: ignore[attr-defined]
+    assert 0.1 < expected < 0.2  # 80% of the positives removed from a balanced split
+    assert problem.objective_for(("erm", "conditional"), Linear()).composition == "erm"
+    assert problem.objective_for(("conditional",), Linear()).composition == "conditional"
+    with pytest.raises(ConfigError, match="offers"):
+        problem.objective_for(("distributed",), Linear())
+
+
+def test_recipe_runs_every_method_and_logs(tmp_path):
+    from lit_fedco.recipes.fcsg_auprc import COLUMNS, DEFAULTS
+    from lit_fedco.runner import main
+
+    argv = ["rounds=2", "local_steps=2", "eval_every=2", "cohort=4", "tracking=[csv]",
+            "progress=false", f"out_dir={tmp_path}"]  # fmt: skip
+    rows = main("fcsg_auprc", DEFAULTS, argv, columns=COLUMNS)
+    assert [name for name, _ in rows] == DEFAULTS["updaters"]
+    for _, (res,) in rows:
+        assert 0.0 < res["val/ap"] <= 1.0
+    assert (tmp_path / "fcsg_auprc-fcsg_m-seed0" / "version_0" / "metrics.csv").is_file()
