@@ -71,7 +71,10 @@ def main() -> None:
     p.add_argument("--local-steps", type=int, default=5)
     p.add_argument("--batch-size", type=int, default=16)
     p.add_argument("--min-time", type=float, default=2.0, help="seconds timed per configuration")
+    p.add_argument("--threads", type=int, default=0, help="torch intra-op threads (0: default)")
     args = p.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
     fabric = Fabric(accelerator="cpu", devices=1)
     print(
         f"updater={args.updater} I={args.local_steps} b={args.batch_size} "

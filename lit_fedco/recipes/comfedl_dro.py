@@ -22,6 +22,7 @@ DEFAULTS: dict[str, Any] = {
     "cohort": 10,
     "batch_size": 16,
     "eval_every": 20,
+    "threads": 1,  # logistic regression: operations too small to split over threads
     "data": {
         "name": "digits",
         "partition": "quantity",
