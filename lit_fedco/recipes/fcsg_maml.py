@@ -24,10 +24,10 @@ from lit_fedco.runner import main
 DEFAULTS: dict[str, Any] = {
     "updaters": ["fedavg", "local_scgd", "local_scgdm", "fcsg", "fcsg_m", "acc_fcsg_m"],
     "objective": "maml",
-    "rounds": 40,
+    "rounds": 30,
     "local_steps": 5,
     "cohort": 8,
-    "batch_size": 2,  # tasks per client per step (the meta-batch)
+    "batch_size": 1,  # tasks per client per step (the meta-batch; 1 keeps it to minutes)
     "eval_every": 10,
     "threads": 1,
     "executor": "sequential",  # conv nets on CPU: a loop over clients is as fast as vmap
