@@ -172,3 +172,13 @@ def test_cifar_st_presets_resolve_and_pass_the_run_checks(tmp_path, kind, c):
     for name in cfg.updaters:
         assert (cfg[name].lr_decay_round, cfg[name].lr_decay) == (90, 0.1)
         assert cfg[name].lr in (0.001, 0.01, 0.05, 0.1)
+
+
+def test_plain_cifar10_source_reads_both_splits(tmp_path):
+    from lit_fedco.data.sources import load_source
+
+    write_cifar(tmp_path, "cifar10", per_class_train=3, per_class_test=2, c=10)
+    x, y, xt, _, c = load_source("cifar10", tmp_path)
+    assert x.shape == (30, 3, 32, 32) and xt.shape == (20, 3, 32, 32) and c == 10
+    assert sorted(y.tolist()) == sorted(list(range(10)) * 3)
+    assert abs(float(x.mean())) < 1e-5  # standardised with the training statistics

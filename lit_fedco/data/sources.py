@@ -19,7 +19,7 @@ from torchvision.datasets import MNIST, FashionMNIST
 
 from lit_fedco.errors import ConfigError
 
-SOURCES = ("digits", "mnist", "fashion_mnist")
+SOURCES = ("digits", "mnist", "fashion_mnist", "cifar10", "cifar100")
 
 Arrays = tuple[Tensor, Tensor, Tensor, Tensor, int]
 """(x_pool, y_pool, x_test_pool, y_test_pool, num_classes): training pool and held-out pool."""
@@ -242,6 +242,8 @@ def load_source(name: str, data_dir: str | Path = "") -> Arrays:
     - ``mnist``, ``fashion_mnist``: the training files are the pool, the test files the
       held-out pool. Where only the test split is present (e.g. a folder with MNIST's t10k
       files alone) it is split 80 / 20 stratified with the fixed seed 0, with a warning.
+    - ``cifar10``, ``cifar100``: torchvision's CIFAR classes on ``data_dir`` (training and test
+      batches), standardised per channel with the training split's statistics.
 
     Returns:
         ``(x_pool, y_pool, x_test_pool, y_test_pool, num_classes)``.
@@ -268,4 +270,8 @@ def load_source(name: str, data_dir: str | Path = "") -> Arrays:
         x_train, y_train = load_mnist(root if str(data_dir) else "", train=True, fashion=fashion)
         x_test, y_test = load_mnist(root, train=False, fashion=fashion)
         return x_train, y_train, x_test, y_test, 10
+    if name in ("cifar10", "cifar100"):  # torchvision's CIFAR classes, standardised per channel
+        from lit_fedco.data.cifar import load_st_source
+
+        return load_st_source(f"{name}_st", data_dir)
     raise ConfigError.bad_value("data.name", name, f"one of {SOURCES}", "digits")
