@@ -60,3 +60,23 @@ def flat_server(loop: FederatedLoop) -> np.ndarray:
     from lit_fedco.state import flatten
 
     return flatten(loop.server)[0].double().cpu().numpy()
+
+
+EXECUTOR_TOL = 1e-10  # float64; the executors differ only in the order of batched sums
+
+
+def assert_executors_agree(name: str, hparams: dict, **kw) -> None:
+    """The shared parity check: the same run under the vectorized and the sequential executor
+    ends with the same server state (rtol/atol 1e-10, float64) and the same logs (rel 1e-9)."""
+    import pytest
+
+    results = {}
+    for ex in ("vectorized", "sequential"):
+        loop = make_loop(name, hparams, executor=ex, **{"model": "mlp", **kw})
+        loop.run()
+        results[ex] = (flat_server(loop), loop.history[-1])
+    np.testing.assert_allclose(
+        results["vectorized"][0], results["sequential"][0], rtol=EXECUTOR_TOL, atol=EXECUTOR_TOL
+    )
+    for key, v in results["vectorized"][1].items():
+        assert v == pytest.approx(results["sequential"][1][key], rel=1e-9, abs=1e-12), key

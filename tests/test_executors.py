@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tests.helpers import flat_server, make_loop
+from tests.helpers import assert_executors_agree, flat_server, make_loop
 
 TOL = 1e-10  # float64; the two differ only in the order of batched floating-point sums
 
@@ -19,16 +19,7 @@ TOL = 1e-10  # float64; the two differ only in the order of batched floating-poi
     ],
 )
 def test_vectorized_equals_sequential(name, hparams):
-    results = {}
-    for ex in ("vectorized", "sequential"):
-        loop = make_loop(name, hparams, executor=ex, model="mlp")
-        loop.run()
-        results[ex] = (flat_server(loop), loop.history[-1])
-    np.testing.assert_allclose(
-        results["vectorized"][0], results["sequential"][0], rtol=TOL, atol=TOL
-    )
-    for key, v in results["vectorized"][1].items():
-        assert v == pytest.approx(results["sequential"][1][key], rel=1e-9, abs=1e-12), key
+    assert_executors_agree(name, hparams)
 
 
 def test_chunked_vectorized_equals_unchunked():

@@ -11,7 +11,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
 from torch import Tensor
@@ -38,7 +37,7 @@ from lit_fedco.updaters.feddro import (
     FedDRO,
     FedDROHparams,
 )
-from tests.helpers import flat_server, make_loop
+from tests.helpers import assert_executors_agree, make_loop
 
 REPO = Path(__file__).resolve().parent.parent
 TOL = 1e-10  # float64; vectorized and sequential differ only in the order of batched sums
@@ -218,16 +217,7 @@ def test_communication_per_client_per_round():
     ],
 )
 def test_vectorized_equals_sequential(name, hparams):
-    results = {}
-    for ex in ("vectorized", "sequential"):
-        loop = make_loop(name, hparams, executor=ex, model="mlp")
-        loop.run()
-        results[ex] = (flat_server(loop), loop.history[-1])
-    np.testing.assert_allclose(
-        results["vectorized"][0], results["sequential"][0], rtol=TOL, atol=TOL
-    )
-    for key, v in results["vectorized"][1].items():
-        assert v == pytest.approx(results["sequential"][1][key], rel=1e-9, abs=1e-12), key
+    assert_executors_agree(name, hparams)
 
 
 def _free_port() -> int:
