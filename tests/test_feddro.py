@@ -40,7 +40,6 @@ from lit_fedco.updaters.feddro import (
 from tests.helpers import assert_executors_agree, make_loop
 
 REPO = Path(__file__).resolve().parent.parent
-TOL = 1e-10  # float64; vectorized and sequential differ only in the order of batched sums
 
 
 def quad(pred: Tensor, target: Tensor) -> Tensor:
