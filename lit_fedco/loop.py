@@ -339,6 +339,15 @@ class FederatedLoop:
             if split == "val":
                 self.last_per_client = res["acc_per_client"].cpu()
                 self.last_per_class = res["acc_per_class"].cpu()
+                # per-class accuracy (imbalanced data: the minority classes are the point);
+                # classes without validation samples are left out
+                out.update(
+                    {
+                        f"val/acc_class{c}": float(v)
+                        for c, v in enumerate(self.last_per_class.tolist())
+                        if not math.isnan(v)
+                    }
+                )
         self.fabric.call("on_eval_end", loop=self, metrics=out)
         return out
 

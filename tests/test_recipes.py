@@ -36,6 +36,8 @@ def test_recipe_writes_a_wandb_offline_run_and_csv(tmp_path):
     assert run["config"]["comfedl"]["gamma"] == 0.5
     evals = [h for h in run["history"] if "val/acc_worst" in h]
     assert [h["trainer/global_step"] for h in evals] == [2, 4]
+    per_class = [evals[-1][f"val/acc_class{c}"] for c in range(10)]  # every class is logged
+    assert min(per_class) == pytest.approx(evals[-1]["val/class_acc_worst"])
     results = json.loads((out / "comfedl_dro-results.json").read_text())
     assert evals[-1]["val/acc_worst"] == results["results"]["comfedl"][0]["val/acc_worst"]
     # CSV: one row per round, the resolved config beside it
