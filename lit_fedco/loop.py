@@ -31,7 +31,7 @@ from lit_fedco.data.federated import BatchSampler, FederatedData
 from lit_fedco.errors import ConfigError
 from lit_fedco.executors import Executor
 from lit_fedco.metrics import PerClientClassification
-from lit_fedco.state import State, broadcast, flatten, numel, tree_map, unflatten
+from lit_fedco.state import State, broadcast, flatten, numel, tree_leaves, tree_map, unflatten
 from lit_fedco.updaters.base import CompositionalUpdater
 
 
@@ -136,6 +136,7 @@ class FederatedLoop:
         self.data = data.to(fabric.device, dtype)
         # The objective may bring its own sampler (FCSG's tasks, or positives in every batch).
         self.sampler: BatchSampler = updater.objective.make_sampler(self.data, cfg.seed)
+        updater.num_clients = k  # before init_server: some keep a value per client (DRFL's λ)
         self.server: State = tree_map(
             lambda t: t.to(fabric.device, dtype), updater.init_server(updater.params())
         )
@@ -150,6 +151,12 @@ class FederatedLoop:
         self._eval_rows = {
             split: self._rows_of(self.eval_clients, split) for split in ("train", "val")
         }
+        # Personalised FL: each client adapts on a fixed support batch of its own training rows.
+        self._eval_support = (
+            self._support_rows(updater.objective.eval_support or cfg.batch_size)
+            if updater.personalizes
+            else None
+        )
         self.metrics = {
             split: PerClientClassification(k, updater.objective.eval_classes(data.num_classes)).to(
                 fabric.device
@@ -179,11 +186,14 @@ class FederatedLoop:
         # BROADCAST: every cohort client starts from the server's state.
         client0 = upd.init_client(self.server)
         states = broadcast(client0, n)
-        floats_down = numel({k: v for k, v in client0.items() if k not in upd.persistent_keys})
+        sent = tree_leaves({k: v for k, v in client0.items() if k not in upd.persistent_keys})
+        floats_down = sum(t.numel() for t in {id(t): t for t in sent}.values())  # a copy: once
         if upd.persistent_keys:  # client-held state (e.g. Ditto's personal model) comes back
             rows = mine.to(self.fabric.device)
             kept = {key: tree_map(lambda v: v[rows], self.clients[key]) for key in self.clients}
             states = {**states, **kept}
+        if upd.client_id_key:  # each client knows its own id (not communication)
+            states = {**states, upd.client_id_key: mine.to(self.fabric.device)}
         floats_up = 0
 
         # ROUND CONTEXT: a scalar probe per client at the broadcast point (one all-reduce).
@@ -200,9 +210,11 @@ class FederatedLoop:
             full = probes.new_zeros((self.data.num_clients, *probes.shape[1:]), dtype=self.dtype)
             full[mine.to(full.device)] = probes.to(self.dtype)
             full = self._all_reduce(full)  # client k's probe lands in row k, on every rank
-            ctx = upd.round_context(self.server, full[cohort.to(full.device)])
+            ctx = upd.round_context(self.server, full[cohort.to(full.device)], cohort)
             floats_up += probes[0].numel()
-            floats_down += sum(v.numel() for key, v in ctx.items() if key != "weights")
+            floats_down += sum(
+                v.numel() for key, v in ctx.items() if key != "weights" and key[0] != "_"
+            )
 
         # LOCAL STEPS
         log_sum: dict[str, Tensor] = {}
@@ -300,27 +312,75 @@ class FederatedLoop:
         device = self.fabric.device
         return torch.cat(rows).to(device), torch.cat(owner).to(device)
 
+    def _support_rows(self, size: int) -> Tensor:
+        """``size`` training rows of each client this rank evaluates, ``[n, size]``: drawn once,
+        without replacement where the client has enough rows, by a generator seeded by
+        (seed, client) — the same support batch at every evaluation and on any process."""
+        offsets = self.data.train_offsets.cpu()
+        out = []
+        for k in self.eval_clients.tolist():
+            lo, n_k = int(offsets[k]), int(offsets[k + 1] - offsets[k])
+            state = np.random.SeedSequence([self.cfg.seed, k, 0x5099]).generate_state(2)
+            g = torch.Generator().manual_seed(int(state[0]) << 32 | int(state[1]))
+            local = (
+                torch.randperm(n_k, generator=g)[:size]
+                if n_k >= size
+                else torch.randint(n_k, (size,), generator=g)
+            )
+            out.append(local + lo)
+        return torch.stack(out).to(self.fabric.device)
+
+    def personal_params(self) -> State:
+        """Every evaluated client's own parameters, stacked ``[n, ...]`` in the order of
+        ``eval_clients``: :meth:`CompositionalUpdater.personal_params` run by the executor."""
+        upd, n = self.updater, len(self.eval_clients)
+        assert self._eval_support is not None
+        state = {"x": broadcast(upd.eval_params(self.server), n)}
+        ids = self.eval_clients.to(self.fabric.device)
+        state.update({key: tree_map(lambda v: v[ids], self.clients[key]) for key in self.clients})
+        support = {
+            "x": self.data.x_train[self._eval_support],
+            "y": self.data.y_train[self._eval_support],
+        }
+        return self.executor.map(
+            lambda s, b, c: upd.personal_params(s, b, c), state, support, {}, n
+        )
+
+    def _outputs(self, params: Any, split: str) -> Any:
+        """``(logits, targets, client)`` chunks of this rank's rows of ``split``: with the shared
+        parameters, or client by client with each one's personal parameters."""
+        rows, owner = self._eval_rows[split]
+        x_all, y_all = (
+            (self.data.x_train, self.data.y_train)
+            if split == "train"
+            else (self.data.x_val, self.data.y_val)
+        )
+        objective, chunk = self.updater.objective, self.cfg.eval_batch
+        if self._eval_support is None:
+            yield from objective.eval_outputs(params, x_all, y_all, rows, owner, chunk)
+            return
+        for i, k in enumerate(self.eval_clients.tolist()):
+            mask = owner == k
+            own = tree_map(lambda v: v[i], params)
+            yield from objective.eval_outputs(own, x_all, y_all, rows[mask], owner[mask], chunk)
+
     @torch.no_grad()
     def evaluate(self) -> dict[str, float]:
-        """Per-client accuracy and loss of the server model on every client's train and
-        validation data: average, worst, 10th percentile (``lit_fedco.metrics``)."""
-        params = self.updater.eval_params(self.server)
+        """Per-client accuracy and loss on every client's train and validation data: average,
+        worst, 10th percentile (``lit_fedco.metrics``). The model is the server's, or each
+        client's own after adaptation when the updater personalises (ComFedL §5.2)."""
+        params = (
+            self.personal_params()
+            if self._eval_support is not None
+            else self.updater.eval_params(self.server)
+        )
         out: dict[str, float] = {}
         for split, metric in self.metrics.items():
             metric.reset()
             extras = self.extra_metrics[split]
             for extra in extras.values():
                 extra.reset()
-            rows, owner = self._eval_rows[split]
-            x_all, y_all = (
-                (self.data.x_train, self.data.y_train)
-                if split == "train"
-                else (self.data.x_val, self.data.y_val)
-            )
-            outputs = self.updater.objective.eval_outputs(
-                params, x_all, y_all, rows, owner, self.cfg.eval_batch
-            )
-            for logits, target, who in outputs:
+            for logits, target, who in self._outputs(params, split):
                 metric.update(logits, target, who)
                 for extra in extras.values():
                     extra.update(logits, target, who)

@@ -29,8 +29,16 @@ from lit_fedco.objectives.dro import (
     shift_and_norm,
 )
 from lit_fedco.objectives.maml import MAML, TaskERM, adapt, maml_loss
+from lit_fedco.objectives.personalized import (
+    DAMAML,
+    MetaLearning,
+    Personalized,
+    PFLParams,
+    PFLProblem,
+)
 
 __all__ = [
+    "DAMAML",
     "MAML",
     "AUCMinMax",
     "AveragePrecision",
@@ -39,8 +47,12 @@ __all__ = [
     "ConditionalObjective",
     "Context",
     "InvariantLogReg",
+    "MetaLearning",
     "Objective",
+    "PFLParams",
+    "PFLProblem",
     "Params",
+    "Personalized",
     "Problem",
     "ProblemParams",
     "ScoreERM",

@@ -56,6 +56,13 @@ class Objective:
     """Whether :meth:`augment` draws conditional samples (the loop then passes generators)."""
     has_probe: ClassVar[bool] = False
     """Whether :meth:`probe` returns a value (the loop then runs it at the start of each round)."""
+    eval_adapt_steps: int = 0
+    """Adaptation steps each client takes on its own support rows before it is evaluated
+    (personalised FL, :meth:`adapt_for_eval`); 0: every client is evaluated with the shared
+    model."""
+    eval_support: int = 0
+    """Rows of a client's training data in its fixed evaluation support batch (0: the run's
+    batch size)."""
 
     def __init__(
         self, model: nn.Module, sample_loss: Callable[[Tensor, Tensor], Tensor] = cross_entropy
@@ -128,6 +135,11 @@ class Objective:
         for i in range(0, len(rows), chunk):
             r = rows[i : i + chunk]
             yield self.predict(params, x_all[r]), y_all[r], owner[i : i + chunk]
+
+    def adapt_for_eval(self, params: Params, support: Batch) -> Params:
+        """One client's parameters for evaluation after adapting on its ``support`` batch;
+        ``params`` unchanged by default (see :attr:`eval_adapt_steps`)."""
+        return params
 
     def eval_classes(self, num_classes: int) -> int:
         """Columns of the logits :meth:`eval_outputs` yields (the data's classes by default;

@@ -60,6 +60,22 @@ def shift_and_norm(losses: Tensor, gamma: float) -> tuple[Tensor, Tensor]:
     return c, z
 
 
+def exp_outer(loss: Tensor, gamma: float, form: str, ctx: Context) -> Tensor:
+    """The outer function of a KL-regularised objective applied to a client's loss L:
+    ``exp(L/γ)`` (literal) or ``γ exp((L − c)/γ)/Z`` (stable; c and Z are ``ctx["shift"]`` and
+    ``ctx["norm"]`` from :func:`shift_and_norm`). Shared by client-level KL-DRO and DA-MAML."""
+    if form == "literal":
+        return torch.exp(loss / gamma)
+    return gamma * torch.exp((loss - ctx["shift"]) / gamma) / ctx["norm"]
+
+
+def kl_round_context(probes: Tensor, gamma: float) -> Context:
+    """The stable form's shift and normaliser from the cohort's losses at the broadcast model,
+    and the implied weights ``softmax(L/γ)`` (logged)."""
+    c, z = shift_and_norm(probes, gamma)
+    return {"shift": c, "norm": z, "weights": kl_dro_weights(probes, gamma)}
+
+
 class ClientKLDRO(Objective):
     """Client-level KL-DRO for ComFedL: inner ``L_k(x; B)``, outer ``exp(y/γ)`` (eq. 6).
 
@@ -92,9 +108,7 @@ class ClientKLDRO(Objective):
 
     def outer(self, y: Any, batch: Batch | None, ctx: Context) -> Tensor:
         """``exp(y/γ)`` (literal) or ``γ exp((y − c)/γ)/Z`` (stable, c and Z from ``ctx``)."""
-        if self.form == "literal":
-            return torch.exp(y / self.gamma)
-        return self.gamma * torch.exp((y - ctx["shift"]) / self.gamma) / ctx["norm"]
+        return exp_outer(y, self.gamma, self.form, ctx)
 
     def probe(self, params: Params, batch: Batch, ctx: Context) -> Tensor | None:
         """The client's loss at the broadcast model on its first batch of the round."""
@@ -102,8 +116,7 @@ class ClientKLDRO(Objective):
 
     def round_context(self, probes: Tensor) -> Context:
         """Shift and normaliser for the stable form, and the implied weights for logging."""
-        c, z = shift_and_norm(probes, self.gamma)
-        return {"shift": c, "norm": z, "weights": kl_dro_weights(probes, self.gamma)}
+        return kl_round_context(probes, self.gamma)
 
     def client_weights(self, losses: Tensor) -> Tensor | None:
         """``softmax(L/γ)``, the maximising r of eq. 4 at the given per-client losses."""

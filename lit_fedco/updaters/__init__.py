@@ -7,7 +7,7 @@ from lit_fedco.updaters.base import (
     get_updater,
     register,
 )
-from lit_fedco.updaters.comfedl import ComFedL, ComFedLHparams
+from lit_fedco.updaters.comfedl import ComFedL, ComFedLDAMAML, ComFedLHparams, ComFedLMAML
 from lit_fedco.updaters.fcsg import (
     FCSG,
     FCSGM,
@@ -30,19 +30,28 @@ from lit_fedco.updaters.feddro import (
     FedDRO,
     FedDROHparams,
 )
+from lit_fedco.updaters.personal import Ditto, DittoHparams, FedMAML
+from lit_fedco.updaters.robust import DRFL, TRMAML, DRFLHparams, project_simplex
 
 __all__ = [
+    "DRFL",
     "FCSG",
     "FCSGM",
     "MBSGD",
+    "TRMAML",
     "AccFCSGM",
     "CODAHparams",
     "CODAPlus",
     "ComFedL",
+    "ComFedLDAMAML",
     "ComFedLHparams",
+    "ComFedLMAML",
     "CompositionalUpdater",
+    "DRFLHparams",
     "DSFedDRO",
     "DSFedDROHparams",
+    "Ditto",
+    "DittoHparams",
     "FCSGHparams",
     "FCSGMHparams",
     "FedAvg",
@@ -50,11 +59,13 @@ __all__ = [
     "FedAvgCOHparams",
     "FedDRO",
     "FedDROHparams",
+    "FedMAML",
     "Hparams",
     "LocalSCGD",
     "LocalSCGDHparams",
     "LocalSCGDM",
     "available_updaters",
     "get_updater",
+    "project_simplex",
     "register",
 ]

@@ -80,6 +80,13 @@ class CompositionalUpdater:
     fixed_local_steps: ClassVar[int | None] = None
     """Local steps per round this method is defined with (MBSGD: 1), or None to take the run's
     ``local_steps``; the runner applies it."""
+    client_id_key: ClassVar[str] = ""
+    """If set, the loop writes each client's id k (an int64 0-d tensor) into its state under
+    this key at the start of every round (DRFL reads its own weight λ_k with it). The id is the
+    client's own knowledge, not communication."""
+    num_clients: int = 0
+    """K, the number of clients; the loop sets it before :meth:`init_server` (DRFL keeps a
+    weight per client in the server state)."""
 
     def __init__(
         self, hparams: Hparams, model: nn.Module, objective: Objective | None = None
@@ -144,9 +151,13 @@ class CompositionalUpdater:
         return {"x": state["x"]}
 
     # ------------------------------------------------------------------ server side
-    def round_context(self, server: State, probes: Tensor | None) -> Context:
-        """Round context from the cohort's probe values (None without a probe). Every entry
-        except ``"weights"`` (logged only) counts as broadcast communication."""
+    def round_context(
+        self, server: State, probes: Tensor | None, cohort: Tensor | None = None
+    ) -> Context:
+        """Round context from the cohort's probe values (None without a probe), in the order of
+        ``cohort`` (the sorted client ids of the round). Every entry except ``"weights"``
+        (logged only) and those whose key starts with ``_`` (kept on the server for
+        :meth:`server_update`) counts as broadcast communication."""
         if probes is None:
             return {}
         return self.objective.round_context(probes)
@@ -158,6 +169,29 @@ class CompositionalUpdater:
     def eval_params(self, server: State) -> dict[str, Tensor]:
         """The parameters evaluated on every client's data; the server's x by default."""
         return server["x"]
+
+    # ------------------------------------------------------------------ personalisation
+    @property
+    def personalizes(self) -> bool:
+        """Whether each client is evaluated with its own parameters
+        (:meth:`personal_params`) instead of the shared :meth:`eval_params`: when the objective
+        adapts before evaluation (personalised FL), or the method keeps personal models."""
+        return self.objective.eval_adapt_steps > 0
+
+    def personal_params(self, state: State, support: Batch, ctx: Context) -> dict[str, Tensor]:
+        """One client's parameters at evaluation (personalised FL, ComFedL §5.2).
+
+        Args:
+            state: ``{"x": eval_params(server)}`` plus the client's persistent entries.
+            support: the client's fixed evaluation support batch (its own training rows).
+            ctx: empty.
+
+        Returns:
+            By default the objective's adaptation of x on the support batch (one or a few
+            gradient steps, :meth:`~lit_fedco.objectives.Objective.adapt_for_eval`); Ditto
+            returns its personal model.
+        """
+        return self.objective.adapt_for_eval(state["x"], support)
 
     # ------------------------------------------------------------------ helpers
     def params(self) -> dict[str, Tensor]:

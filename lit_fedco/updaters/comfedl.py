@@ -21,9 +21,11 @@ from typing import Any, ClassVar
 from torch import Tensor, nn
 from torch.func import grad, vjp
 
+from lit_fedco.errors import ConfigError
 from lit_fedco.objectives.base import Batch, Context, Objective
 from lit_fedco.objectives.dro import FORMS, ClientKLDRO
-from lit_fedco.state import State, tree_axpy
+from lit_fedco.objectives.personalized import DAMAML, MetaLearning, PFLParams
+from lit_fedco.state import State, tree_axpy, tree_map
 from lit_fedco.updaters.base import CompositionalUpdater, Hparams, register
 
 
@@ -51,7 +53,7 @@ class ComFedLHparams(Hparams):
 class ComFedL(CompositionalUpdater):
     """ComFedL, Algorithm 1, on a local compositional objective (KL-DRO by default)."""
 
-    hparams_cls = ComFedLHparams
+    hparams_cls: ClassVar[type[Hparams]] = ComFedLHparams
     compositions: ClassVar[tuple[str, ...]] = ("local",)
 
     @property
@@ -72,7 +74,9 @@ class ComFedL(CompositionalUpdater):
         y, pullback = vjp(lambda p: obj.inner(p, batches["inner"], ctx), x)[:2]
         cot = grad(lambda v: obj.outer(v, batches.get("outer"), ctx))(y)
         (u,) = pullback(cot)
-        return u, y
+        # With batch norm inside a second-order inner map (MAML), torch.func's pullback returns
+        # tensors that still carry a graph; detached, the graph does not grow across steps.
+        return tree_map(lambda t: t.detach(), u), y
 
     def client_step(
         self, state: State, batches: dict[str, Batch], ctx: Context, step: int
@@ -80,3 +84,79 @@ class ComFedL(CompositionalUpdater):
         u, y = self.direction(state["x"], batches, ctx)
         logs = {"loss": y} if isinstance(y, Tensor) and y.dim() == 0 else {}
         return {"x": tree_axpy(-self.hparams.lr, u, state["x"])}, logs
+
+
+# ---------------------------------------------------------------------- personalised FL
+def _meta_objective(model: nn.Module, objective: Objective | None) -> MetaLearning:
+    """The MAML composition of the ``pfl`` problem, or one with its default parameters."""
+    if objective is None:
+        return MetaLearning(model, PFLParams())
+    if not isinstance(objective, MetaLearning):
+        raise ConfigError(
+            f"objective: got {type(objective).__name__}, expected the MAML composition of "
+            "objective=pfl (ComFedL-MAML and ComFedL-DAMAML run on personalised FL)"
+        )
+    return objective
+
+
+@register("comfedl_maml")
+class ComFedLMAML(ComFedL):
+    """ComFedL-MAML: Algorithm 1 on the MAML composition (ComFedL eq. 7, §5.2).
+
+    With ``g_k(x; B) = x − α ∇L_k(x; B)`` and ``f_k(y; B̃) = L_k(y; B̃)`` the step is::
+
+        u = (I − α ∇²L_k(x; B)) ∇L_k(x − α ∇L_k(x; B); B̃)      # one vjp through adapt
+        x ← x − η u
+
+    which is the exact gradient of the one-task MAML loss on (B, B̃): since f_k is the query
+    loss itself, ComFedL's estimator and FedMAML's gradient coincide on the same batches (the
+    bias of the compositional estimator vanishes); the methods differ in their step sizes.
+    """
+
+    hparams_cls = Hparams
+
+    def __init__(
+        self, hparams: Hparams, model: nn.Module, objective: Objective | None = None
+    ) -> None:
+        super().__init__(hparams, model, _meta_objective(model, objective))
+
+    def client_step(
+        self, state: State, batches: dict[str, Batch], ctx: Context, step: int
+    ) -> tuple[State, dict[str, Tensor]]:
+        u, y = self.direction(state["x"], batches, ctx)
+        obj = self.objective
+        assert isinstance(obj, MetaLearning)
+        q = batches["outer"]
+        loss = obj.batch_loss(tree_map(lambda t: t.detach(), y), q["x"], q["y"])
+        return {"x": tree_axpy(-self.hparams.lr, u, state["x"])}, {"loss": loss}
+
+
+@register("comfedl_damaml")
+class ComFedLDAMAML(ComFedLMAML):
+    """ComFedL-DAMAML: Algorithm 1 on DA-MAML (ComFedL eq. 10, §5.2)::
+
+        u = exp(L_k(y; B̃)/γ)/γ · (I − α ∇²L_k(x; B)) ∇L_k(y; B̃),  y = x − α ∇L_k(x; B)
+        x ← x − η u
+
+    In the stable form (default) ``exp(L/γ)/γ`` becomes ``exp((L − c)/γ)/Z`` with c and Z
+    shared per round from the cohort's post-adaptation losses at the broadcast model (the
+    probe), as in :mod:`lit_fedco.objectives.dro`: client weights ``K · softmax(L/γ)``.
+    """
+
+    hparams_cls = ComFedLHparams
+
+    def __init__(
+        self, hparams: Hparams, model: nn.Module, objective: Objective | None = None
+    ) -> None:
+        meta = _meta_objective(model, objective)
+        if not isinstance(hparams, ComFedLHparams):
+            raise ConfigError("comfedl_damaml: hyperparameters must be a ComFedLHparams")
+        damaml = DAMAML(model, meta.settings, hparams.gamma, hparams.form)
+        CompositionalUpdater.__init__(self, hparams, model, damaml)
+
+    def probe(self, state: State, batches: dict[str, Batch], ctx: Context) -> Tensor | None:
+        """The client's post-adaptation loss ``L_k(x̄ − α ∇L_k(x̄; B); B̃)`` on the round's first
+        batches: the shift and normaliser of the stable form come from the cohort's values."""
+        obj = self.objective
+        assert isinstance(obj, MetaLearning)
+        return obj.meta_loss(state["x"], batches)

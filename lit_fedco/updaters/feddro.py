@@ -189,7 +189,9 @@ class DistributedUpdater(CompositionalUpdater):
         """``g_k(x̄; B'_k)`` in the objective's unit-free form, on step 0's value batch."""
         return self.obj.probe(state["x"], batches["value"], {})
 
-    def round_context(self, server: State, probes: Tensor | None) -> Context:
+    def round_context(
+        self, server: State, probes: Tensor | None, cohort: Tensor | None = None
+    ) -> Context:
         """The round's units and its starting inner estimate ``"y"`` (see :attr:`y_source`)."""
         if probes is None:
             return self.step_size_context(server)

@@ -1,0 +1,148 @@
+"""Minimax baselines with explicit client weights on the simplex: DRFL (Deng, Kamani,
+Mahdavi 2020, distributionally robust federated averaging) and TR-MAML (Collins, Mokhtari,
+Shakkottai 2020, task-robust MAML), as the ComFedL paper compares them (§5.1, §5.2).
+
+Both solve ``min_x max_{λ ∈ Δ_K} Σ_k λ_k L_k(x)`` (DRFL with the client's empirical risk,
+TR-MAML with its post-adaptation MAML loss) by alternating local SGD on x with projected
+gradient ascent on λ. One round::
+
+    server broadcasts x̄ and λ
+    client k: F_k = L_k(x̄; B₀)                    # the probe, one float per client
+              I local steps x_k ← x_k − η ∇L_k(x_k; B_t)
+              uploads λ_k x_k and λ_k
+    server:   x̄ ← Σ_{k∈C} λ_k x_k / Σ_{k∈C} λ_k     # weighted aggregation
+              λ ← Π_Δ(λ + γ_λ (K/m) F_C)            # F_C: F_k on the cohort, 0 elsewhere
+
+(K/m) F_C is the unbiased estimate of the full loss vector under uniform sampling of m of K
+clients, as DRFA scales it. With full participation the aggregation is ``Σ_k λ_k x_k``, what
+DRFA's sampling of clients with probabilities λ gives in expectation.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+import torch
+from torch import Tensor, nn
+from torch.func import grad_and_value
+
+from lit_fedco.errors import ConfigError
+from lit_fedco.objectives.base import Batch, Context, Objective
+from lit_fedco.objectives.personalized import MetaLearning, PFLParams
+from lit_fedco.state import State, tree_axpy, tree_map, tree_scale
+from lit_fedco.updaters.base import CompositionalUpdater, Hparams, register
+
+
+def project_simplex(v: Tensor) -> Tensor:
+    """The Euclidean projection of ``v`` onto the simplex ``{λ ≥ 0, Σ λ = 1}``.
+
+    Sort-based (Held, Wolfe, Crowder 1974; Duchi et al. 2008): with u sorted decreasingly,
+    ρ = max{j : u_j − (Σ_{i≤j} u_i − 1)/j > 0}, θ = (Σ_{i≤ρ} u_i − 1)/ρ, λ = max(v − θ, 0).
+    """
+    u = torch.sort(v, descending=True).values
+    css = torch.cumsum(u, 0) - 1
+    j = torch.arange(1, len(v) + 1, dtype=v.dtype, device=v.device)
+    rho = int(torch.nonzero(u - css / j > 0).max())
+    theta = css[rho] / (rho + 1)
+    return torch.clamp(v - theta, min=0)
+
+
+@dataclass(frozen=True)
+class DRFLHparams(Hparams):
+    """DRFL and TR-MAML hyperparameters.
+
+    Attributes:
+        lr: η, the client step size (ComFedL §5.1: 0.01; TR-MAML in §5.2: 0.1).
+        lam_lr: γ_λ, the ascent step on the client weights (ComFedL: 8e-2; grid 8e-3, 8e-2,
+            8e-1).
+    """
+
+    lam_lr: float = 0.08
+
+    def validate(self) -> None:
+        super().validate()
+        self.require("lam_lr", self.lam_lr >= 0, "a float >= 0", "0.08")
+
+
+@register("drfl")
+class DRFL(CompositionalUpdater):
+    """DRFL: local SGD, λ-weighted aggregation, projected ascent on λ (module docstring)."""
+
+    hparams_cls = DRFLHparams
+    compositions: ClassVar[tuple[str, ...]] = ("erm",)
+    client_id_key: ClassVar[str] = "id"
+
+    @property
+    def batch_roles(self) -> tuple[str, ...]:  # type: ignore[override]
+        """One minibatch per step; support and query for a MAML objective."""
+        return ("inner", "outer") if self.objective.outer_needs_batch else ("inner",)
+
+    def init_server(self, params: dict[str, Tensor]) -> State:
+        """x⁰ and uniform weights λ = 1/K."""
+        k = self.num_clients
+        if k < 1:
+            raise ConfigError(f"{self.name}: the number of clients must be set before init_server")
+        ref = next(iter(params.values()))
+        return {**super().init_server(params), "lam": ref.new_full((k,), 1.0 / k)}
+
+    @property
+    def uses_probe(self) -> bool:
+        return True
+
+    def probe(self, state: State, batches: dict[str, Batch], ctx: Context) -> Tensor | None:
+        """F_k: the client's loss at the broadcast x̄ on its first batches of the round."""
+        return self.objective.value(state["x"], batches, ctx)
+
+    def round_context(
+        self, server: State, probes: Tensor | None, cohort: Tensor | None = None
+    ) -> Context:
+        """The cohort's losses placed in a K-vector and scaled by K/m (kept on the server for the
+        ascent step), and λ for the logs; the clients receive λ with their state."""
+        assert probes is not None and cohort is not None
+        lam = server["lam"]
+        losses = lam.new_zeros(lam.shape).index_copy(0, cohort.to(lam.device), probes)
+        scale = lam.new_tensor(len(lam) / len(cohort))
+        return {"_ascent": scale * losses, "weights": lam}
+
+    def client_step(
+        self, state: State, batches: dict[str, Batch], ctx: Context, step: int
+    ) -> tuple[State, dict[str, Tensor]]:
+        g, loss = grad_and_value(lambda p: self.objective.value(p, batches, ctx))(state["x"])
+        return {**state, "x": tree_axpy(-self.hparams.lr, g, state["x"])}, {"loss": loss}
+
+    def weight_of(self, state: State) -> Tensor:
+        """λ_k of this client, read from the broadcast λ with its id."""
+        lam = state["lam"]
+        mine = torch.arange(len(lam), device=lam.device) == state[self.client_id_key]
+        return (lam * mine.to(lam.dtype)).sum()
+
+    def init_client(self, server: State) -> State:
+        return {"x": server["x"], "lam": server["lam"]}
+
+    def upload(self, state: State) -> State:
+        """``λ_k x_k`` and ``λ_k``: their cohort means give the weighted average."""
+        w = self.weight_of(state)
+        return {"x": tree_scale(w, state["x"]), "w": w}
+
+    def server_update(self, server: State, mean: State, ctx: Context) -> State:
+        """Weighted aggregation, then ``λ ← Π_Δ(λ + γ_λ (K/m) F_C)``. A cohort whose weights
+        are all 0 leaves x̄ where it was (server side: no vmap, a Python test is fine)."""
+        hp = self.hparams
+        assert isinstance(hp, DRFLHparams)
+        w = mean["w"]
+        x = tree_map(lambda t: t / w, mean["x"]) if float(w) > 0 else server["x"]
+        lam = project_simplex(server["lam"] + hp.lam_lr * ctx["_ascent"])
+        return {**server, "x": x, "lam": lam}
+
+
+@register("tr_maml")
+class TRMAML(DRFL):
+    """TR-MAML (Collins et al. 2020) in the federated form of ComFedL §5.2: DRFL's weights
+    and aggregation on the clients' post-adaptation MAML losses; each local step is a MAML
+    step ``x ← x − η ∇ L_k(x − α ∇L_k(x; B); B̃)`` (exact second-order meta-gradient)."""
+
+    compositions: ClassVar[tuple[str, ...]] = ("local",)
+
+    def build_objective(self, model: nn.Module) -> Objective:
+        return MetaLearning(model, PFLParams())

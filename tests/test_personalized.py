@@ -1,0 +1,410 @@
+"""Personalised FL (ComFedL §5.2): MAML and DA-MAML as local compositions, their updaters and
+the baselines (FedMAML, TR-MAML, Ditto, DRFL), and evaluation after adaptation."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from lightning.fabric import Fabric
+from torch.func import grad
+
+from lit_fedco.errors import ConfigError
+from lit_fedco.executors import make_executor
+from lit_fedco.loop import FederatedLoop, LoopConfig
+from lit_fedco.models import build_model
+from lit_fedco.objectives.base import model_params
+from lit_fedco.objectives.dro import kl_dro_primal, kl_dro_value
+from lit_fedco.objectives.maml import maml_loss
+from lit_fedco.objectives.personalized import DAMAML, MetaLearning, PFLParams, PFLProblem
+from lit_fedco.updaters import get_updater, project_simplex
+from tests.helpers import assert_executors_agree, digits_data, flat_server, make_loop
+from tests.test_dro import numerical_max_over_simplex
+from tests.test_maml import SmoothBN, TanhMLP, flat_fd
+from tests.test_updaters import CLIENTS, Scalar, quad_loss
+
+REPO = Path(__file__).resolve().parent.parent
+WAYS = 3  # TanhMLP / SmoothBN have 3 outputs and read [b, 1, 4, 4] inputs
+
+
+def client_batches(seed: int, b: int = 6) -> dict:
+    g = torch.Generator().manual_seed(seed)
+
+    def one() -> dict:
+        return {
+            "x": torch.randn(b, 1, 4, 4, generator=g, dtype=torch.float64),
+            "y": torch.randint(WAYS, (b,), generator=g),
+        }
+
+    return {"inner": one(), "outer": one()}
+
+
+# ---------------------------------------------------------------------- objectives
+def test_damaml_value_equals_the_max_over_the_simplex_of_eq9():
+    """γ log mean_k exp(f_k(g_k(x))/γ) — what ComFedL-DAMAML minimises, through the literal
+    DA-MAML objective — equals max_p Σ p_k L_k − γ Σ p_k log(K p_k) (eq. 9) computed
+    numerically, where L_k are the clients' post-adaptation losses."""
+    torch.manual_seed(0)
+    model = TanhMLP().double()
+    params = model_params(model)
+    batches = [client_batches(k) for k in range(4)]
+    meta = MetaLearning(model, PFLParams(inner_lr=0.3))
+    losses = torch.stack([meta.meta_loss(params, b) for b in batches]).detach()
+    for gamma in (0.1, 0.5, 2.0):
+        lit = DAMAML(model, PFLParams(inner_lr=0.3), gamma, "literal")
+        exp_values = torch.stack([lit.value(params, b, {}) for b in batches]).detach()
+        closed = gamma * math.log(float(exp_values.mean()))
+        numeric = numerical_max_over_simplex(losses, gamma)
+        assert closed == pytest.approx(numeric, abs=1e-9)
+        assert closed == pytest.approx(float(kl_dro_value(losses, gamma)), abs=1e-12)
+        # and no point of a coarse grid over Δ_4 beats it
+        n = 12
+        for i, j, k in itertools.product(range(n + 1), repeat=3):
+            if i + j + k <= n:
+                r = torch.tensor([i, j, k, n - i - j - k], dtype=torch.float64) / n
+                assert float(kl_dro_primal(losses, r, gamma)) <= closed + 1e-12
+
+
+@pytest.mark.parametrize("net", [TanhMLP, SmoothBN])
+def test_comfedl_maml_direction_is_the_maml_meta_gradient(net):
+    """ComFedL-MAML's estimator (a vjp through ``adapt``) = torch.func.grad of the
+    conditional issue's ``maml_loss`` = FedMAML's gradient = central finite differences."""
+    torch.manual_seed(0)
+    model = net().double()
+    params = model_params(model)
+    batches = client_batches(1)
+    obj = MetaLearning(model, PFLParams(inner_lr=0.4))
+    cls = get_updater("comfedl_maml")
+    upd = cls(cls.hparams_cls(lr=0.1), model, obj)
+    u, _ = upd.direction(params, batches, {})
+    s, q = batches["inner"], batches["outer"]
+
+    def f(p):
+        return maml_loss(obj.batch_loss, p, (s["x"], s["y"]), (q["x"], q["y"]), 0.4)
+
+    exact = grad(f)(params)
+    fd = flat_fd(f, params)
+    fedmaml = get_updater("fedmaml")(get_updater("fedmaml").hparams_cls(lr=1.0), model, obj)
+    stepped = fedmaml.client_step({"x": params}, batches, {}, 0)[0]["x"]
+    for key in params:
+        torch.testing.assert_close(u[key], exact[key], rtol=1e-10, atol=1e-12)
+        torch.testing.assert_close(exact[key], fd[key], rtol=1e-6, atol=1e-8)
+        torch.testing.assert_close(params[key] - stepped[key], exact[key], rtol=1e-10, atol=1e-12)
+    # first-order MAML is a different direction
+    fo = MetaLearning(model, PFLParams(inner_lr=0.4, first_order=True))
+    u_fo, _ = cls(cls.hparams_cls(lr=0.1), model, fo).direction(params, batches, {})
+    assert max(float((u_fo[k] - exact[k]).abs().max()) for k in params) > 1e-6
+
+
+def test_damaml_stable_and_literal_directions_differ_by_one_positive_factor_per_round():
+    torch.manual_seed(0)
+    model = TanhMLP().double()
+    params = model_params(model)
+    batches = [client_batches(k) for k in range(3)]
+    cls = get_updater("comfedl_damaml")
+    stable = cls(cls.hparams_cls(lr=0.1, gamma=0.2, form="stable"), model)
+    literal = cls(cls.hparams_cls(lr=0.1, gamma=0.2, form="literal"), model)
+    probes = torch.stack([stable.probe({"x": params}, b, {}) for b in batches]).detach()
+    ctx = stable.round_context({}, probes)
+    factor = 0.2 * torch.exp(-ctx["shift"] / 0.2) / ctx["norm"]
+    for b in batches:
+        us, _ = stable.direction(params, b, ctx)
+        ul, _ = literal.direction(params, b, {})
+        for key in params:
+            torch.testing.assert_close(us[key], factor * ul[key], rtol=1e-10, atol=1e-14)
+    # at the broadcast point the client weights are K softmax(L/γ): the largest loss counts most
+    assert int(ctx["weights"].argmax()) == int(probes.argmax())
+
+
+# ---------------------------------------------------------------------- DRFL / TR-MAML
+def brute_force_projection(v: np.ndarray) -> np.ndarray:
+    """argmin ‖p − v‖ over the simplex by trying every support set S: on S the KKT point is
+    p_S = v_S − (Σ v_S − 1)/|S|; keep the feasible one closest to v."""
+    best, best_d = None, math.inf
+    for r in range(1, len(v) + 1):
+        for s in itertools.combinations(range(len(v)), r):
+            p = np.zeros_like(v)
+            idx = list(s)
+            p[idx] = v[idx] - (v[idx].sum() - 1) / len(idx)
+            if (p >= -1e-15).all():
+                d = float(((p - v) ** 2).sum())
+                if d < best_d:
+                    best, best_d = p, d
+    assert best is not None
+    return best
+
+
+def test_simplex_projection_matches_brute_force():
+    rng = np.random.default_rng(0)
+    for k in (1, 2, 3, 5, 6):
+        for scale in (0.1, 1.0, 5.0):
+            v = rng.normal(size=k) * scale + 1.0 / k
+            got = project_simplex(torch.tensor(v)).numpy()
+            np.testing.assert_allclose(got, brute_force_projection(v), atol=1e-12)
+            assert got.min() >= 0 and got.sum() == pytest.approx(1.0, abs=1e-12)
+    already = torch.tensor([0.2, 0.5, 0.3], dtype=torch.float64)
+    torch.testing.assert_close(project_simplex(already), already)
+
+
+def run_scalar(name: str, hparams: dict, rounds: int, local_steps: int = 2):
+    """Two clients of tests/test_updaters: L_1 = w², L_2 = 2 (w − 1)², by hand (no loop)."""
+
+    class QuadDRFL(get_updater(name)):  # type: ignore[misc, valid-type]
+        def build_objective(self, model):
+            from lit_fedco.objectives.base import Objective
+
+            return Objective(model, sample_loss=quad_loss)
+
+    upd = QuadDRFL(QuadDRFL.hparams_cls(**hparams), Scalar(0.0))
+    upd.num_clients = 2
+    server = upd.init_server(upd.params())
+    cohort = torch.arange(2)
+    for _ in range(rounds):
+        states = [{**upd.init_client(server), "id": torch.tensor(k)} for k in range(2)]
+        probes = torch.stack(
+            [upd.probe(s, {"inner": b}, {}) for s, b in zip(states, CLIENTS, strict=True)]
+        )
+        ctx = upd.round_context(server, probes, cohort)
+        for t in range(local_steps):
+            states = [
+                upd.client_step(s, {"inner": b}, ctx, t)[0]
+                for s, b in zip(states, CLIENTS, strict=True)
+            ]
+        ups = [upd.upload(s) for s in states]
+        mean = {
+            "x": {"w": (ups[0]["x"]["w"] + ups[1]["x"]["w"]) / 2},
+            "w": sum(u["w"] for u in ups) / 2,
+        }
+        server = upd.server_update(server, mean, ctx)
+    return server
+
+
+def test_drfl_reaches_the_minimax_point_of_two_quadratics():
+    """min_w max(w², 2(w − 1)²) is at w* = 2 − √2, where L_1 = L_2; the weights make w*
+    stationary: λ_1 2w* = λ_2 4(1 − w*), so λ* = (√2, 1)/(1 + √2). With one local step DRFL
+    is projected gradient descent-ascent on Σ λ_k L_k and converges to both."""
+    server = run_scalar("drfl", {"lr": 0.05, "lam_lr": 0.05}, rounds=3000, local_steps=1)
+    assert float(server["x"]["w"]) == pytest.approx(2 - math.sqrt(2), abs=1e-6)
+    lam_star = np.array([math.sqrt(2), 1.0]) / (1 + math.sqrt(2))
+    np.testing.assert_allclose(server["lam"].numpy(), lam_star, atol=1e-6)
+
+
+def test_drfl_with_frozen_weights_is_fedavg():
+    """γ_λ = 0: λ stays uniform and the weighted aggregate is the plain mean."""
+    a = make_loop("drfl", {"lr": 0.05, "lam_lr": 0.0}, rounds=3)
+    b = make_loop("fedavg", {"lr": 0.05}, rounds=3)
+    a.run()
+    b.run()
+    np.testing.assert_allclose(flat_server(a)[: len(flat_server(b))], flat_server(b), atol=1e-12)
+    torch.testing.assert_close(a.server["lam"], torch.full((6,), 1 / 6, dtype=torch.float64))
+
+
+def test_drfl_weights_follow_the_cohorts_losses():
+    """One round by the loop: λ¹ = Π_Δ(λ⁰ + γ_λ (K/m) F) with F the cohort's probes."""
+    seen = {}
+
+    class Spy:
+        def on_round_end(self, loop, logs):
+            seen["lam"] = loop.server["lam"].clone()
+
+    fabric = Fabric(accelerator="cpu", devices=1, callbacks=[Spy()])
+    loop = make_loop("drfl", {"lr": 0.05, "lam_lr": 0.5}, rounds=1, cohort=3, fabric=fabric)
+    upd = loop.updater
+    lam0 = loop.server["lam"].clone()
+    probes = {}
+    orig = upd.round_context
+
+    def record(server, p, cohort):
+        probes["p"], probes["cohort"] = p.clone(), cohort.clone()
+        return orig(server, p, cohort)
+
+    upd.round_context = record  # type: ignore[method-assign]
+    loop.run()
+    v = torch.zeros(6, dtype=torch.float64)
+    v[probes["cohort"]] = probes["p"] * 6 / 3
+    torch.testing.assert_close(seen["lam"], project_simplex(lam0 + 0.5 * v))
+    assert float(seen["lam"][probes["cohort"]].sum()) > 0.5  # mass moved to the cohort
+
+
+# ---------------------------------------------------------------------- Ditto
+def test_ditto_personal_models_reach_their_closed_form():
+    """With L_k(v) = s_k (v − t_k)², the global model converges to the FedAvg point and each
+    personal model to argmin L_k(v) + λ/2 (v − w)² = (2 s_k t_k + λ w)/(2 s_k + λ)."""
+    from lit_fedco.objectives.base import Objective
+
+    class QuadDitto(get_updater("ditto")):  # type: ignore[misc, valid-type]
+        def build_objective(self, model):
+            return Objective(model, sample_loss=quad_loss)
+
+    lam = 0.5
+    upd = QuadDitto(QuadDitto.hparams_cls(lr=0.05, personal_lr=0.05, lam=lam), Scalar(0.0))
+    server = upd.init_server(upd.params())
+    personal = [upd.init_client(server)["v"] for _ in CLIENTS]
+    for _ in range(2000):
+        states = [{**upd.init_client(server), "v": v} for v in personal]
+        for t in range(1):  # one local step: FedAvg is then gradient descent on the mean
+            states = [
+                upd.client_step(s, {"inner": b}, {}, t)[0]
+                for s, b in zip(states, CLIENTS, strict=True)
+            ]
+        personal = [s["v"] for s in states]
+        server = {"x": {"w": sum(s["x"]["w"] for s in states) / 2}}
+    w = float(server["x"]["w"])
+    assert w == pytest.approx(2 / 3, abs=1e-8)  # argmin w² + 2(w − 1)²
+    for v, (s, t) in zip(personal, [(1.0, 0.0), (2.0, 1.0)], strict=True):
+        assert float(v["w"]) == pytest.approx((2 * s * t + lam * w) / (2 * s + lam), abs=1e-8)
+
+
+# ---------------------------------------------------------------------- evaluation
+def pfl_loop(name: str, hparams: dict, executor: str = "sequential", **kw) -> FederatedLoop:
+    """A loop on the dominant-class digits with the ``pfl`` problem's objective."""
+    data = digits_data(num_clients=5, partition="dominant_class", rho=0.5, val_per_client=20)
+    net = build_model("mlp", tuple(data.x_train.shape[1:]), 10, seed=0, hidden=8)
+    params = PFLParams(inner_lr=0.2, eval_support=12)
+    cls = get_updater(name)
+    obj = PFLProblem(params, data).objective_for(cls.compositions, net)
+    upd = cls(cls.hparams_cls(**hparams), net, obj)
+    cfg = dict(rounds=2, local_steps=2, cohort=5, batch_size=6, eval_every=1, progress=False)
+    cfg.update(kw)
+    fabric = Fabric(accelerator="cpu", devices=1)
+    return FederatedLoop(
+        fabric, upd, data, LoopConfig(**cfg), make_executor(executor), torch.float64
+    )
+
+
+def test_evaluation_adapts_each_client_on_its_own_support_rows():
+    """FedAvg on the pfl problem is scored after one step of size α on each client's fixed
+    support rows: recomputed here by hand with torch.autograd."""
+    loop = pfl_loop("fedavg", {"lr": 0.1})
+    loop.run()
+    per_client = loop.last_per_client
+    data, x = loop.data, loop.server["x"]
+    model = loop.updater.model
+    for i, k in enumerate(loop.eval_clients.tolist()):
+        rows = loop._eval_support[i]
+        lo, hi = int(data.train_offsets[k]), int(data.train_offsets[k + 1])
+        assert ((rows >= lo) & (rows < hi)).all()  # the client's own rows
+        p = {n: t.clone().requires_grad_(True) for n, t in x.items()}
+        out = torch.func.functional_call(model, p, (data.x_train[rows],))
+        loss = torch.nn.functional.cross_entropy(out, data.y_train[rows])
+        grads = torch.autograd.grad(loss, list(p.values()))
+        adapted = {n: (t - 0.2 * g).detach() for (n, t), g in zip(p.items(), grads, strict=True)}
+        vlo, vhi = int(data.val_offsets[k]), int(data.val_offsets[k + 1])
+        pred = torch.func.functional_call(model, adapted, (data.x_val[vlo:vhi],)).argmax(1)
+        acc = float((pred == data.y_val[vlo:vhi]).double().mean())
+        assert float(per_client[k]) == pytest.approx(acc, abs=1e-12)
+    # and the support rows are the same at every evaluation
+    again = loop._support_rows(12)
+    assert torch.equal(again, loop._eval_support)
+
+
+def test_ditto_is_evaluated_with_its_persistent_personal_models():
+    loop = pfl_loop("ditto", {"lr": 0.1, "personal_lr": 0.1, "lam": 0.5}, rounds=3, cohort=3)
+    loop.run()
+    personal = loop.personal_params()
+    for key, v in loop.clients["v"].items():
+        torch.testing.assert_close(personal[key], v[loop.eval_clients])
+    # clients that took part moved away from x⁰; the others kept x⁰
+    x0 = loop.updater.params()
+    moved = [
+        not torch.allclose(loop.clients["v"]["fc1.weight"][k].float(), x0["fc1.weight"])
+        for k in range(5)
+    ]
+    assert any(moved)
+
+
+@pytest.mark.parametrize(
+    ("name", "hparams"),
+    [
+        ("comfedl_damaml", {"lr": 0.1, "gamma": 0.5}),
+        ("comfedl_damaml", {"lr": 0.0005, "gamma": 0.5, "form": "literal"}),
+        ("tr_maml", {"lr": 0.1, "lam_lr": 0.1}),
+        ("ditto", {"lr": 0.1}),
+        ("drfl", {"lr": 0.1, "lam_lr": 0.1}),
+    ],
+)
+def test_vectorized_equals_sequential(name, hparams):
+    assert_executors_agree(name, hparams, cohort=4)
+
+
+def test_personalised_evaluation_is_the_same_under_both_executors():
+    res = {}
+    for ex in ("vectorized", "sequential"):
+        loop = pfl_loop("comfedl_damaml", {"lr": 0.1, "gamma": 0.5}, executor=ex)
+        res[ex] = loop.run()
+    for key, v in res["vectorized"].items():
+        assert v == pytest.approx(res["sequential"][key], rel=1e-9, abs=1e-12), key
+
+
+def test_bad_problem_parameters_name_the_key():
+    with pytest.raises(ConfigError, match="inner_lr"):
+        PFLParams(inner_lr=0.0)
+    with pytest.raises(ConfigError, match="lam_lr"):
+        get_updater("drfl").hparams_cls(lam_lr=-1.0)
+    with pytest.raises(ConfigError, match="personal_lr"):
+        get_updater("ditto").hparams_cls(personal_lr=0.0)
+
+
+# ---------------------------------------------------------------------- the recipe
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _run_recipe(out: Path, devices: int, *extra: str) -> dict:
+    args = [
+        sys.executable, "-m", "lit_fedco.recipes.comfedl_maml", f"devices={devices}",
+        "rounds=2", "eval_every=2", "local_steps=2", "batch_size=6", "model.name=mlp",
+        "model.hidden=8", "dtype=float64", "save_checkpoint=true", "tracking=[none]",
+        "progress=false", f"out_dir={out}", "data.val_per_client=20", *extra,
+    ]  # fmt: skip
+    env = {**os.environ, "MASTER_PORT": str(_free_port()), "WANDB_MODE": "disabled"}
+    proc = subprocess.run(args, capture_output=True, text=True, env=env, timeout=300, cwd=REPO)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads((out / "comfedl_maml-results.json").read_text())
+
+
+def test_two_processes_equal_one_process(tmp_path):
+    """ComFedL-DAMAML, TR-MAML and Ditto on 2 gloo processes = 1 process: server state and
+    personal models to 1e-12 (float64), per-client metrics exactly."""
+    names = ["comfedl_damaml", "tr_maml", "ditto"]
+    sel = f"updaters=[{','.join(names)}]"
+    one = _run_recipe(tmp_path / "one", 1, sel)
+    two = _run_recipe(tmp_path / "two", 2, sel)
+    for name in names:
+        a = torch.load(tmp_path / "one" / f"comfedl_maml-{name}-seed0.ckpt", weights_only=False)
+        b = torch.load(tmp_path / "two" / f"comfedl_maml-{name}-seed0.ckpt", weights_only=False)
+        fa, fb = (np.concatenate([t.reshape(-1).numpy() for t in _leaves(c)]) for c in (a, b))
+        np.testing.assert_allclose(fb, fa, rtol=1e-12, atol=1e-12)
+        ra, rb = one["results"][name][0], two["results"][name][0]
+        for key in ("val/acc_avg", "val/acc_worst", "train/acc_avg", "train/acc_worst"):
+            assert ra[key] == rb[key], (name, key)
+        assert ra["val/loss_avg"] == pytest.approx(rb["val/loss_avg"], rel=1e-12)
+
+
+def _leaves(ckpt: dict) -> list[torch.Tensor]:
+    from lit_fedco.state import tree_leaves
+
+    return tree_leaves({"server": ckpt["loop"]["server"], "clients": ckpt["loop"]["clients"]})
+
+
+def test_recipe_rejects_a_bad_value_before_writing_anything(tmp_path):
+    out = tmp_path / "out"
+    args = [
+        sys.executable, "-m", "lit_fedco.recipes.comfedl_maml", "pfl.inner_lr=-1",
+        f"out_dir={out}",
+    ]  # fmt: skip
+    proc = subprocess.run(args, capture_output=True, text=True, timeout=120, cwd=REPO)
+    assert proc.returncode == 2
+    assert "pfl.inner_lr" in proc.stderr and "Traceback" not in proc.stderr
+    assert not out.exists()
