@@ -31,6 +31,7 @@ from lit_fedco.updaters.feddro import (
     FedDROHparams,
 )
 from lit_fedco.updaters.personal import Ditto, DittoHparams, FedMAML
+from lit_fedco.updaters.qfedavg import QFedAvg, QFedAvgHparams
 from lit_fedco.updaters.robust import DRFL, TRMAML, DRFLHparams, project_simplex
 
 __all__ = [
@@ -64,6 +65,8 @@ __all__ = [
     "LocalSCGD",
     "LocalSCGDHparams",
     "LocalSCGDM",
+    "QFedAvg",
+    "QFedAvgHparams",
     "available_updaters",
     "get_updater",
     "project_simplex",

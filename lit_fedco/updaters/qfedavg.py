@@ -1,0 +1,96 @@
+"""q-FedAvg (Li, Sanjabi, Beirami, Smith 2020, "Fair Resource Allocation in Federated
+Learning", Algorithm 2): FedAvg's local SGD with a server step that solves q-FFL.
+
+q-FFL minimises ``f_q(w) = Σ_k p_k F_k(w)^{q+1} / (q + 1)``, which for q > 0 puts more weight
+on the clients with the larger loss F_k (q = 0 is the plain empirical risk). q-FedAvg runs I
+local SGD steps on each client's empirical risk, as FedAvg does, and replaces the average of the
+iterates by a Newton-like step on f_q with a Lipschitz estimate L = 1/η. Per round, with
+``x̄`` the server model and the cohort's clients k::
+
+    F_k   = ℓ(x̄; B_k,0)                                 (client k's step-0 minibatch loss)
+    x_k   = I local SGD steps from x̄                    (x ← x − η ∇ℓ(x; B))
+    Δw_k  = L (x̄ − x_k)
+    Δ_k   = F_k^q Δw_k
+    h_k   = q F_k^{q−1} ‖Δw_k‖² + L F_k^q
+    x̄     ← x̄ − Σ_k Δ_k / Σ_k h_k  =  x̄ − mean_k Δ_k / mean_k h_k
+
+(Algorithm 2 lines 6–10). At q = 0 this is FedAvg: ``x̄ ← mean_k x_k``. ComFedL compares with
+it in §5.1 (with q = 0.2).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+import torch
+from torch import Tensor
+from torch.func import grad_and_value
+
+from lit_fedco.objectives.base import Batch, Context
+from lit_fedco.state import State, tree_axpy, tree_leaves, tree_map, tree_scale, tree_sub
+from lit_fedco.updaters.base import CompositionalUpdater, Hparams, register
+
+LOSS_FLOOR = 1e-10
+"""F_k is clamped to at least this before the powers F^q and F^{q−1} (the reference code adds
+1e-10), so a zero loss gives finite values."""
+
+
+@dataclass(frozen=True)
+class QFedAvgHparams(Hparams):
+    """q-FedAvg (q-FFL, Algorithm 2).
+
+    Attributes:
+        lr: η, the client step size; the server's Lipschitz estimate is L = 1/η.
+        q: the fairness exponent q ≥ 0 (q-FFL §5 grid: 0.1, 0.2, 0.5, 1, 2; ComFedL §5.1:
+            0.2); q = 0 is FedAvg.
+    """
+
+    q: float = 0.2
+
+    def validate(self) -> None:
+        super().validate()
+        self.require("q", self.q >= 0, "a float >= 0", "0.2")
+
+
+@register("qfedavg")
+class QFedAvg(CompositionalUpdater):
+    """q-FedAvg: local SGD ``x ← x − η ∇ℓ(x; B)`` for I steps, then the q-FFL server step.
+
+    Each client keeps the broadcast point ``x0 = x̄`` and, from its first local step, its loss
+    ``F`` there (the step-0 minibatch loss, which that step computes anyway). It uploads
+    ``Δ = F^q L (x̄ − x)`` and ``h = q F^{q−1} ‖L (x̄ − x)‖² + L F^q``; the server moves
+    ``x̄ ← x̄ − mean Δ / mean h`` (the paper's ratio of sums over the cohort).
+    """
+
+    hparams_cls = QFedAvgHparams
+    compositions: ClassVar[tuple[str, ...]] = ("erm",)
+
+    def init_client(self, server: State) -> State:
+        return {"x": server["x"], "x0": server["x"]}
+
+    def client_step(
+        self, state: State, batches: dict[str, Batch], ctx: Context, step: int
+    ) -> tuple[State, dict[str, Tensor]]:
+        g, loss = grad_and_value(lambda p: self.objective.value(p, batches, ctx))(state["x"])
+        new = {**state, "x": tree_axpy(-self.hparams.lr, g, state["x"])}
+        if step == 0:  # the loss at the broadcast point x̄ (a Python int: fine inside vmap)
+            new["F"] = loss
+        return new, {"loss": loss}
+
+    def upload(self, state: State) -> State:
+        hp = self.hparams
+        assert isinstance(hp, QFedAvgHparams)
+        q, lip = hp.q, 1.0 / hp.lr
+        log_f = torch.log(state["F"].clamp_min(LOSS_FLOOR))
+        f_q = torch.exp(q * log_f)
+        dw = tree_scale(lip, tree_sub(state["x0"], state["x"]))
+        h = lip * f_q
+        if q > 0:  # a hyperparameter, not a tensor value; at q = 0 the term is exactly 0
+            sq_norm = sum((d * d).sum() for d in tree_leaves(dw))
+            h = h + q * torch.exp((q - 1) * log_f) * sq_norm
+        return {"delta": tree_map(lambda d: f_q * d, dw), "h": h}
+
+    def server_update(self, server: State, mean: State, ctx: Context) -> State:
+        h = mean["h"]
+        return {"x": tree_map(lambda x, d: x - d / h, server["x"], mean["delta"])}
