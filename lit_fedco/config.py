@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import yaml
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigKeyError, OmegaConfBaseException, ValidationError
 
@@ -207,8 +208,38 @@ def resolve_preset(preset: str) -> Path:
     )
 
 
+def preset_layers(preset: str, _seen: tuple[Path, ...] = ()) -> list[tuple[str, Any]]:
+    """The layers of a preset, base first: a preset may name another under ``extends`` (a
+    grid preset extends the setting it sweeps), whose values it overrides.
+
+    Raises:
+        ConfigError: a missing preset, a malformed ``extends``, or a cycle of them.
+    """
+    path = resolve_preset(preset).resolve()
+    if path in _seen:
+        chain = " -> ".join(p.stem for p in (*_seen, path))
+        raise ConfigError(f"preset: {path.name} extends itself ({chain}); break the cycle")
+    try:
+        layer = OmegaConf.load(path)
+    except (OmegaConfBaseException, yaml.YAMLError, OSError, ValueError) as err:
+        first = str(err).splitlines()[0] if str(err) else type(err).__name__
+        raise ConfigError(f"preset: {path} is not a readable YAML mapping ({first})") from None
+    if not isinstance(layer, DictConfig):
+        raise ConfigError(f"preset: {path} must hold a mapping of keys, got a list")
+    base = layer.pop("extends", None)
+    if base is None:
+        return [(f"preset {path}", layer)]
+    if not isinstance(base, str) or not base:
+        raise ConfigError(
+            f"extends: got {base!r} in preset {path}, expected the name of another preset "
+            "(e.g. extends: comfedl_dro_mnist)"
+        )
+    return [*preset_layers(base, (*_seen, path)), (f"preset {path}", layer)]
+
+
 def load_config(argv: list[str], defaults: dict[str, Any] | None = None) -> DictConfig:
-    """Merge schema ← recipe ``defaults`` ← ``preset=...`` ← the other ``key=value`` items.
+    """Merge schema ← recipe ``defaults`` ← ``preset=...`` (and the presets it ``extends``) ←
+    the other ``key=value`` items.
 
     ``updater=NAME`` is shorthand for ``updaters=[NAME]``.
 
@@ -229,8 +260,7 @@ def load_config(argv: list[str], defaults: dict[str, Any] | None = None) -> Dict
         key, value = arg.split("=", 1)
         key = key.lstrip("-")
         if key == "preset":
-            path = resolve_preset(value)
-            layers.append((f"preset {path}", OmegaConf.load(path)))
+            layers.extend(preset_layers(value))
         elif key == "updater":
             dotlist.append(f"updaters=[{value}]")
         else:

@@ -391,7 +391,7 @@ class FederatedLoop:
                 if v.dim() == 0:
                     out[f"{split}/{key}"] = float(v)
             if split == "train":
-                w = self.updater.objective.client_weights(res["loss_per_client"].to(self.dtype))
+                w = self.updater.client_weights(self.server, res["loss_per_client"].to(self.dtype))
                 if w is not None:
                     out["dro/weight_max"] = float(w.max())
                     if len(w) <= 32:

@@ -2,6 +2,12 @@
 
 from __future__ import annotations
 
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
@@ -13,6 +19,8 @@ from lit_fedco.executors import make_executor
 from lit_fedco.loop import FederatedLoop, LoopConfig
 from lit_fedco.models import build_model
 from lit_fedco.updaters import get_updater
+
+REPO = Path(__file__).resolve().parent.parent
 
 
 def digits_data(num_clients: int = 6, seed: int = 0, **kw) -> FederatedData:
@@ -80,3 +88,24 @@ def assert_executors_agree(name: str, hparams: dict, **kw) -> None:
     )
     for key, v in results["vectorized"][1].items():
         assert v == pytest.approx(results["sequential"][1][key], rel=1e-9, abs=1e-12), key
+
+
+def free_port() -> int:
+    """A free TCP port on the loopback interface (parallel test runs do not collide)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_recipe(recipe: str, out: Path, devices: int, *args: str) -> tuple[dict, str]:
+    """``python -m lit_fedco.recipes.RECIPE devices=N out_dir=OUT ARGS`` in a subprocess (Fabric
+    starts the other processes: gloo on CPU), without tracking or progress bars; returns the
+    results JSON it wrote and its standard output."""
+    cmd = [
+        sys.executable, "-m", f"lit_fedco.recipes.{recipe}", f"devices={devices}",
+        "tracking=[none]", "progress=false", f"out_dir={out}", *args,
+    ]  # fmt: skip
+    env = {**os.environ, "MASTER_PORT": str(free_port()), "WANDB_MODE": "disabled"}
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300, cwd=REPO)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads((out / f"{recipe}-results.json").read_text()), proc.stdout

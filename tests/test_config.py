@@ -24,6 +24,65 @@ def test_defaults_and_overrides_merge_in_order(tmp_path):
     assert cfg.local_steps == DEFAULTS["local_steps"]
 
 
+def test_a_preset_extends_its_base_and_overrides_it(tmp_path):
+    """A grid preset names its setting under ``extends``: base ← grid ← command line."""
+    (tmp_path / "base.yaml").write_text("rounds: 7\nlocal_steps: 3\ncomfedl:\n  gamma: 0.2\n")
+    grid = tmp_path / "grid.yaml"
+    grid.write_text(f"extends: {tmp_path / 'base.yaml'}\nlocal_steps: 9\nvariants: ['rounds=2']\n")
+    cfg = load_config([f"preset={grid}", "comfedl.gamma=0.3"], DEFAULTS)
+    assert (cfg.rounds, cfg.local_steps, cfg.comfedl.gamma) == (7, 9, 0.3)
+    assert list(cfg.variants) == ["rounds=2"]
+    assert "extends" not in cfg
+
+
+@pytest.mark.parametrize(
+    "files,pattern",
+    [
+        ({"a": "extends: {d}/b.yaml\n", "b": "extends: {d}/a.yaml\n"}, r"a\.yaml extends itself"),
+        ({"a": "extends: [1, 2]\n"}, r"extends: got \[1, 2\] in preset .*a\.yaml"),
+        ({"a": "extends: nowhere\n"}, r"preset: got 'nowhere', no such file"),
+        ({"a": "rounds: [1\n"}, r"preset: .*a\.yaml is not a readable YAML mapping"),
+        ({"a": "- rounds=1\n"}, r"preset: .*a\.yaml must hold a mapping"),
+        ({"a": "extends: {d}/b.yaml\n", "b": "roundz: 3\n"}, r"roundz: unknown config key"),
+    ],
+)
+def test_bad_presets_are_config_errors(tmp_path, files, pattern):
+    for name, text in files.items():
+        (tmp_path / f"{name}.yaml").write_text(text.format(d=tmp_path))
+    with pytest.raises(ConfigError, match=pattern):
+        load_config([f"preset={tmp_path / 'a.yaml'}"], DEFAULTS)
+
+
+def _shipped_presets() -> list[tuple[str, str]]:
+    """(preset, recipe) for every YAML file in recipes/, the recipe read off its ``Run:`` line."""
+    import re
+    from pathlib import Path
+
+    out = []
+    for path in sorted((Path(__file__).resolve().parent.parent / "recipes").glob("*.yaml")):
+        m = re.search(r"python -m lit_fedco\.recipes\.(\w+) preset=(\w+)", path.read_text())
+        assert m and m.group(2) == path.stem, f"{path.name}: its Run: line names another preset"
+        out.append((path.stem, m.group(1)))
+    return out
+
+
+@pytest.mark.parametrize(("preset", "recipe"), _shipped_presets())
+def test_every_shipped_preset_and_each_of_its_variants_validates(preset, recipe):
+    """Keys against the schema, and every updater's hyperparameters against their ranges."""
+    import importlib
+
+    from lit_fedco.config import problem_params
+
+    defaults = importlib.import_module(f"lit_fedco.recipes.{recipe}").DEFAULTS
+    cfg = load_config([f"preset={preset}"], defaults)
+    for variant in [*cfg.variants, ""]:
+        c = load_config([f"preset={preset}", *variant.split()], defaults)
+        for name in c.updaters:
+            updater_hparams(c, name)
+        if c.objective:
+            problem_params(c)
+
+
 @pytest.mark.parametrize(
     "argv,pattern",
     [

@@ -3,10 +3,6 @@ sequential executors, 1 vs 2 processes, and resuming the state clients keep acro
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -28,8 +24,7 @@ from lit_fedco.objectives.conditional import (
 )
 from lit_fedco.updaters import get_updater
 from lit_fedco.updaters.fcsg import FCSGM, AccFCSGM, FCSGMHparams
-from tests.helpers import flat_server
-from tests.test_loop import _free_port
+from tests.helpers import flat_server, run_recipe
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -201,16 +196,12 @@ def test_fcsg_m_learns_the_separator():
 # ---------------------------------------------------------------------- processes
 def _run_recipe(out: Path, devices: int) -> dict:
     args = [
-        sys.executable, "-m", "lit_fedco.recipes.fcsg_invariant", "variants=[]",
-        "updaters=[fcsg_m,acc_fcsg_m]", f"devices={devices}", "rounds=2", "eval_every=2",
+        "variants=[]", "updaters=[fcsg_m,acc_fcsg_m]", "rounds=2", "eval_every=2",
         "local_steps=5", "cohort=5", "data.num_clients=6", "data.train_per_client=30",
         "data.val_per_client=50", "fcsg_m.init_batches=2", "dtype=float64",
-        "save_checkpoint=true", "tracking=[none]", "progress=false", f"out_dir={out}",
+        "save_checkpoint=true",
     ]  # fmt: skip
-    env = {**os.environ, "MASTER_PORT": str(_free_port()), "WANDB_MODE": "disabled"}
-    proc = subprocess.run(args, capture_output=True, text=True, env=env, timeout=300, cwd=REPO)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return json.loads((out / "fcsg_invariant-results.json").read_text())
+    return run_recipe("fcsg_invariant", out, devices, *args)[0]
 
 
 def test_two_processes_equal_one_process(tmp_path):

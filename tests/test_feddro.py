@@ -4,11 +4,6 @@ vectorized vs sequential, 1 vs 2 processes."""
 from __future__ import annotations
 
 import itertools
-import json
-import os
-import socket
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -37,7 +32,7 @@ from lit_fedco.updaters.feddro import (
     FedDRO,
     FedDROHparams,
 )
-from tests.helpers import assert_executors_agree, make_loop
+from tests.helpers import assert_executors_agree, make_loop, run_recipe
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -219,24 +214,15 @@ def test_vectorized_equals_sequential(name, hparams):
     assert_executors_agree(name, hparams)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _run_recipe(out: Path, devices: int) -> dict:
     args = [
-        sys.executable, "-m", "lit_fedco.recipes.feddro", "updaters=[feddro,ds_feddro]",
-        f"devices={devices}", "rounds=3", "eval_every=3", "local_steps=3", "dtype=float64",
-        "save_checkpoint=true", "tracking=[none]", "progress=false", f"out_dir={out}",
-        "feddro.objective=kl", "feddro.lam=0.5", "threads=1",
+        "updaters=[feddro,ds_feddro]", "rounds=3", "eval_every=3", "local_steps=3",
+        "dtype=float64", "save_checkpoint=true", "feddro.objective=kl", "feddro.lam=0.5",
+        "threads=1",
     ]  # fmt: skip
-    env = {**os.environ, "MASTER_PORT": str(_free_port()), "WANDB_MODE": "disabled"}
-    proc = subprocess.run(args, capture_output=True, text=True, env=env, timeout=300, cwd=REPO)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "worst-class acc" in proc.stdout and "floats/client" in proc.stdout
-    return json.loads((out / "feddro-results.json").read_text())
+    results, stdout = run_recipe("feddro", out, devices, *args)
+    assert "worst-class acc" in stdout and "floats/client" in stdout
+    return results
 
 
 def test_two_processes_equal_one_process(tmp_path):

@@ -2,11 +2,6 @@
 
 from __future__ import annotations
 
-import json
-import os
-import socket
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -14,7 +9,7 @@ import pytest
 import torch
 
 from lit_fedco.loop import sample_cohort
-from tests.helpers import flat_server, make_loop
+from tests.helpers import flat_server, make_loop, run_recipe
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -95,23 +90,12 @@ def test_comfedl_lifts_the_weight_of_the_worst_client():
     assert int(np.argmax(weights)) == int(losses.argmax())
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _run_recipe(out: Path, devices: int) -> dict:
     args = [
-        sys.executable, "-m", "lit_fedco.recipes.comfedl_dro",
-        f"devices={devices}", "rounds=3", "eval_every=3", "cohort=6", "local_steps=3",
-        "dtype=float64", "save_checkpoint=true", "tracking=[none]", "progress=false",
-        f"out_dir={out}", "data.big=200", "data.val_per_client=30",
+        "updaters=[comfedl,fedavg]", "rounds=3", "eval_every=3", "cohort=6", "local_steps=3",
+        "dtype=float64", "save_checkpoint=true", "data.big=200", "data.val_per_client=30",
     ]  # fmt: skip
-    env = {**os.environ, "MASTER_PORT": str(_free_port()), "WANDB_MODE": "disabled"}
-    proc = subprocess.run(args, capture_output=True, text=True, env=env, timeout=300, cwd=REPO)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return json.loads((out / "comfedl_dro-results.json").read_text())
+    return run_recipe("comfedl_dro", out, devices, *args)[0]
 
 
 def test_two_processes_equal_one_process(tmp_path):

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import socket
 import subprocess
 import sys
 import textwrap
@@ -17,6 +16,7 @@ import torch
 
 from lit_fedco.errors import ConfigError
 from lit_fedco.metrics import PerClientClassification, per_client_summary
+from tests.helpers import free_port
 
 REPO = Path(__file__).resolve().parent.parent
 K, C = 7, 4
@@ -151,12 +151,6 @@ os._exit(0)  # skip the interpreter's teardown of torch: seconds on a small mach
 """
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def run_two_processes(args: list[str], cwd: Path, timeout: float = 120) -> None:
     """Start both ranks at once, as ``torchrun`` does (Fabric sees ``LOCAL_RANK`` and does not
     re-launch): the two imports of torch and Lightning overlap instead of running one after the
@@ -164,7 +158,7 @@ def run_two_processes(args: list[str], cwd: Path, timeout: float = 120) -> None:
     env = {
         **os.environ,
         "MASTER_ADDR": "127.0.0.1",
-        "MASTER_PORT": str(_free_port()),  # parallel test runs do not collide
+        "MASTER_PORT": str(free_port()),  # parallel test runs do not collide
         "NODE_RANK": "0",
         "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
         "OMP_NUM_THREADS": "1",

@@ -4,10 +4,7 @@ the baselines (FedMAML, TR-MAML, Ditto, DRFL), and evaluation after adaptation."
 from __future__ import annotations
 
 import itertools
-import json
 import math
-import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -27,7 +24,13 @@ from lit_fedco.objectives.dro import kl_dro_primal, kl_dro_value
 from lit_fedco.objectives.maml import maml_loss
 from lit_fedco.objectives.personalized import DAMAML, MetaLearning, PFLParams, PFLProblem
 from lit_fedco.updaters import get_updater, project_simplex
-from tests.helpers import assert_executors_agree, digits_data, flat_server, make_loop
+from tests.helpers import (
+    assert_executors_agree,
+    digits_data,
+    flat_server,
+    make_loop,
+    run_recipe,
+)
 from tests.test_dro import numerical_max_over_simplex
 from tests.test_maml import SmoothBN, TanhMLP, flat_fd
 from tests.test_updaters import CLIENTS, Scalar, quad_loss
@@ -355,23 +358,13 @@ def test_bad_problem_parameters_name_the_key():
 
 
 # ---------------------------------------------------------------------- the recipe
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _run_recipe(out: Path, devices: int, *extra: str) -> dict:
     args = [
-        sys.executable, "-m", "lit_fedco.recipes.comfedl_maml", f"devices={devices}",
         "rounds=2", "eval_every=2", "local_steps=2", "batch_size=6", "model.name=mlp",
-        "model.hidden=8", "dtype=float64", "save_checkpoint=true", "tracking=[none]",
-        "progress=false", f"out_dir={out}", "data.val_per_client=20", *extra,
+        "model.hidden=8", "dtype=float64", "save_checkpoint=true", "data.val_per_client=20",
+        *extra,
     ]  # fmt: skip
-    env = {**os.environ, "MASTER_PORT": str(_free_port()), "WANDB_MODE": "disabled"}
-    proc = subprocess.run(args, capture_output=True, text=True, env=env, timeout=300, cwd=REPO)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return json.loads((out / "comfedl_maml-results.json").read_text())
+    return run_recipe("comfedl_maml", out, devices, *args)[0]
 
 
 def test_two_processes_equal_one_process(tmp_path):
@@ -408,3 +401,35 @@ def test_recipe_rejects_a_bad_value_before_writing_anything(tmp_path):
     assert proc.returncode == 2
     assert "pfl.inner_lr" in proc.stderr and "Traceback" not in proc.stderr
     assert not out.exists()
+
+
+def test_cifar10_preset_runs_on_a_cifar_format_folder(tmp_path, capsys):
+    """``preset=comfedl_maml_cifar10``: torchvision's CIFAR10 reads the folder, the dominant-class
+    split gives client i a share ρ of class i, MAML's conv4 trains and is evaluated after
+    adaptation (shrunk: one round, 8 filters)."""
+    from lit_fedco.runner import main
+    from tests.test_cifar_st import write_cifar
+
+    write_cifar(tmp_path / "data", "cifar10", per_class_train=30, per_class_test=10, c=10)
+    out = tmp_path / "out"
+    argv = [
+        "preset=comfedl_maml_cifar10", f"data.data_dir={tmp_path / 'data'}", "rounds=1",
+        "local_steps=1", "batch_size=4", "model.hidden=8", "data.val_per_client=10",
+        "updaters=[comfedl_damaml,ditto]", "tracking=[none]", "progress=false",
+        f"out_dir={out}",
+    ]  # fmt: skip
+    rows = main("comfedl_maml", {}, argv)
+    assert [name for name, _ in rows] == ["comfedl_damaml", "ditto"]
+    for _, (res,) in rows:
+        assert 0.0 <= res["val/acc_worst"] <= res["val/acc_avg"] <= 1.0
+    from lit_fedco.config import load_config
+    from lit_fedco.runner import build_data
+
+    cfg = load_config(argv)
+    assert (cfg.model.name, cfg.data.rho, cfg.local_steps) == ("conv4", 0.28, 1)
+    data = build_data(cfg, 0)
+    assert tuple(data.x_train.shape[1:]) == (3, 32, 32)
+    counts = np.array(data.stats["train"]["class_counts"])  # [client, class]
+    share = counts[np.arange(10), np.arange(10)] / counts.sum(1)
+    np.testing.assert_allclose(share, 0.28, atol=0.05)
+    assert (np.argmax(counts, 1) == np.arange(10)).all()  # client i is dominated by class i

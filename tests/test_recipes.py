@@ -47,3 +47,60 @@ def test_recipe_writes_a_wandb_offline_run_and_csv(tmp_path):
     assert float(rows[-1]["val/acc_worst"]) == pytest.approx(evals[-1]["val/acc_worst"])
     hp = yaml.safe_load((csv_dir / "hparams.yaml").read_text())
     assert hp["updater"] == "comfedl" and hp["data"]["big"] == 200
+
+
+def _offline_env(tmp_path: Path) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("WANDB")}
+    env["HOME"] = str(tmp_path)  # no ~/.netrc: no stored credentials, so W&B runs offline
+    return env
+
+
+def test_comfedl_dro_compares_drfl_and_qfedavg_by_default(tmp_path):
+    """The table has a row per method of ComFedL §5.1; DRFL logs its client weights λ (on the
+    simplex) at every evaluation."""
+    out = tmp_path / "out"
+    args = [
+        sys.executable, "-m", "lit_fedco.recipes.comfedl_dro", "rounds=3", "eval_every=3",
+        "tracking=[csv]", "progress=false", f"out_dir={out}", "data.big=200",
+    ]  # fmt: skip
+    proc = subprocess.run(args, capture_output=True, text=True, env=_offline_env(tmp_path),
+                          timeout=300, cwd=tmp_path)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    table = proc.stdout.split("final validation accuracy")[1].splitlines()
+    assert [line.split()[0] for line in table[3:7]] == ["comfedl", "drfl", "qfedavg", "fedavg"]
+    results = json.loads((out / "comfedl_dro-results.json").read_text())["results"]
+    for name in ("drfl", "qfedavg"):
+        assert 0.0 < results[name][0]["val/acc_avg"] <= 1.0
+    (csv_dir,) = list((out / "comfedl_dro-drfl-seed0").glob("version_*"))
+    last = list(csv.DictReader((csv_dir / "metrics.csv").open()))[-1]
+    lam = [float(last[f"dro/weight_client{k}"]) for k in range(10)]
+    assert min(lam) >= 0 and sum(lam) == pytest.approx(1.0, abs=1e-6)
+    assert max(lam) > 0.1 + 1e-4  # three ascent steps moved λ off uniform
+    hp = yaml.safe_load((csv_dir / "hparams.yaml").read_text())
+    assert hp["updater"] == "drfl" and hp["lam_lr"] == 0.08
+
+
+def test_comfedl_maml_logs_to_wandb_offline_and_csv_with_the_damaml_weights(tmp_path):
+    out = tmp_path / "out"
+    args = [
+        sys.executable, "-m", "lit_fedco.recipes.comfedl_maml", "updater=comfedl_damaml",
+        "rounds=2", "eval_every=2", "local_steps=2", "model.hidden=8", "data.val_per_client=20",
+        "progress=false", f"out_dir={out}",
+    ]  # fmt: skip
+    proc = subprocess.run(args, capture_output=True, text=True, env=_offline_env(tmp_path),
+                          timeout=300, cwd=tmp_path)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "comfedl_damaml" in proc.stdout and "val worst acc" in proc.stdout
+    (run_dir,) = list((out / "wandb").glob("offline-run-*"))
+    run = read_wandb_offline_run(run_dir)
+    assert run["config"]["objective"] == "DAMAML" and run["config"]["gamma"] == 0.5
+    assert run["config"]["pfl"]["inner_lr"] == 0.05
+    last = [h for h in run["history"] if "val/acc_worst" in h][-1]
+    weights = [last[f"dro/weight_client{k}"] for k in range(10)]  # softmax(L/γ) after adaptation
+    assert sum(weights) == pytest.approx(1.0, abs=1e-6) and min(weights) > 0
+    results = json.loads((out / "comfedl_maml-results.json").read_text())["results"]
+    assert last["val/acc_worst"] == results["comfedl_damaml"][0]["val/acc_worst"]
+    (csv_dir,) = list((out / "comfedl_maml-comfedl_damaml-seed0").glob("version_*"))
+    rows = list(csv.DictReader((csv_dir / "metrics.csv").open()))
+    assert len(rows) == 2
+    assert float(rows[-1]["dro/weight_client0"]) == pytest.approx(weights[0])

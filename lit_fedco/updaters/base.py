@@ -166,6 +166,12 @@ class CompositionalUpdater:
         """New server state from the cohort mean of the uploads; replaces by default."""
         return {**server, **mean}
 
+    def client_weights(self, server: State, losses: Tensor) -> Tensor | None:
+        """Per-client weights logged at evaluation (``dro/weight_client{k}``), given every
+        client's training loss ``[K]``: the objective's implied weights by default (ComFedL's
+        softmax(L/γ)); DRFL and TR-MAML log their explicit λ. None: nothing to log."""
+        return self.objective.client_weights(losses)
+
     def eval_params(self, server: State) -> dict[str, Tensor]:
         """The parameters evaluated on every client's data; the server's x by default."""
         return server["x"]

@@ -125,6 +125,10 @@ class DRFL(CompositionalUpdater):
         w = self.weight_of(state)
         return {"x": tree_scale(w, state["x"]), "w": w}
 
+    def client_weights(self, server: State, losses: Tensor) -> Tensor | None:
+        """λ, the client weights the method maximises over (logged at every evaluation)."""
+        return server["lam"]
+
     def server_update(self, server: State, mean: State, ctx: Context) -> State:
         """Weighted aggregation, then ``λ ← Π_Δ(λ + γ_λ (K/m) F_C)``. A cohort whose weights
         are all 0 leaves x̄ where it was (server side: no vmap, a Python test is fine)."""
