@@ -96,7 +96,8 @@ def test_comfedl_maml_direction_is_the_maml_meta_gradient(net):
 
     exact = grad(f)(params)
     fd = flat_fd(f, params)
-    fedmaml = get_updater("fedmaml")(get_updater("fedmaml").hparams_cls(lr=1.0), model, obj)
+    fed_cls = get_updater("fedmaml")
+    fedmaml = fed_cls(fed_cls.hparams_cls(lr=1.0, hessian="support"), model, obj)
     stepped = fedmaml.client_step({"x": params}, batches, {}, 0)[0]["x"]
     for key in params:
         torch.testing.assert_close(u[key], exact[key], rtol=1e-10, atol=1e-12)
@@ -106,6 +107,62 @@ def test_comfedl_maml_direction_is_the_maml_meta_gradient(net):
     fo = MetaLearning(model, PFLParams(inner_lr=0.4, first_order=True))
     u_fo, _ = cls(cls.hparams_cls(lr=0.1), model, fo).direction(params, batches, {})
     assert max(float((u_fo[k] - exact[k]).abs().max()) for k in params) > 1e-6
+
+
+@pytest.mark.parametrize("net", [TanhMLP, SmoothBN])
+def test_per_fedavg_direction_takes_the_hessian_on_its_own_batch(net):
+    """FedMAML (Per-FedAvg, Algorithm 1): u = (I − α ∇²L(x; D″)) ∇L(x − α ∇L(x; D); D′).
+    With D″ = D it is grad of ``maml_loss`` (the one meta-gradient); with an independent D″
+    the Hessian-vector product matches central differences of ∇L(·; D″) along ∇L(y; D′)."""
+    from lit_fedco.objectives.maml import adapt, per_fedavg_direction
+    from lit_fedco.state import tree_axpy
+
+    torch.manual_seed(0)
+    model = net().double()
+    params = model_params(model)
+    obj = MetaLearning(model, PFLParams(inner_lr=0.4))
+    b, h = client_batches(1), client_batches(7)["inner"]
+    s, q = (b["inner"]["x"], b["inner"]["y"]), (b["outer"]["x"], b["outer"]["y"])
+    same, loss = per_fedavg_direction(obj.batch_loss, params, s, q, s, 0.4)
+    exact = grad(lambda p: maml_loss(obj.batch_loss, p, s, q, 0.4))(params)
+    for key in params:
+        torch.testing.assert_close(same[key], exact[key], rtol=1e-10, atol=1e-12)
+    u, _ = per_fedavg_direction(obj.batch_loss, params, s, q, (h["x"], h["y"]), 0.4)
+    y = adapt(obj.batch_loss, params, *s, 0.4)
+    g_q = grad(obj.batch_loss)(y, *q)
+    assert float(loss) == pytest.approx(float(obj.batch_loss(y, *q)), rel=1e-12)
+    eps = 1e-5
+
+    def grad_h(p):
+        return grad(obj.batch_loss)(p, h["x"], h["y"])
+
+    plus, minus = grad_h(tree_axpy(eps, g_q, params)), grad_h(tree_axpy(-eps, g_q, params))
+    for key in params:
+        hvp = (plus[key] - minus[key]) / (2 * eps)
+        torch.testing.assert_close(u[key], g_q[key] - 0.4 * hvp, rtol=1e-6, atol=1e-8)
+    assert max(float((u[k] - same[k]).abs().max()) for k in params) > 1e-4  # D″ matters
+    fo, _ = per_fedavg_direction(obj.batch_loss, params, s, q, s, 0.4, first_order=True)
+    for key in params:
+        torch.testing.assert_close(fo[key], g_q[key])
+
+
+def test_fedmaml_draws_three_batches_and_rejects_a_multi_step_per_fedavg():
+    torch.manual_seed(0)
+    model = TanhMLP().double()
+    cls = get_updater("fedmaml")
+    obj = MetaLearning(model, PFLParams(inner_lr=0.4))
+    assert cls(cls.hparams_cls(lr=0.1), model, obj).batch_roles == ("inner", "outer", "hessian")
+    assert cls(cls.hparams_cls(lr=0.1, hessian="support"), model, obj).batch_roles == (
+        "inner",
+        "outer",
+    )
+    first = MetaLearning(model, PFLParams(inner_lr=0.4, first_order=True))
+    assert cls(cls.hparams_cls(lr=0.1), model, first).batch_roles == ("inner", "outer")
+    two = MetaLearning(model, PFLParams(inner_lr=0.4, inner_steps=2))
+    with pytest.raises(ConfigError, match=r"pfl\.inner_steps: got 2.*fedmaml\.hessian=support"):
+        cls(cls.hparams_cls(lr=0.1), model, two)
+    with pytest.raises(ConfigError, match=r"hessian: got 'diagonal'"):
+        cls.hparams_cls(hessian="diagonal")
 
 
 def test_damaml_stable_and_literal_directions_differ_by_one_positive_factor_per_round():
@@ -330,6 +387,7 @@ def test_ditto_is_evaluated_with_its_persistent_personal_models():
     [
         ("comfedl_damaml", {"lr": 0.1, "gamma": 0.5}),
         ("comfedl_damaml", {"lr": 0.0005, "gamma": 0.5, "form": "literal"}),
+        ("fedmaml", {"lr": 0.1}),
         ("tr_maml", {"lr": 0.1, "lam_lr": 0.1}),
         ("ditto", {"lr": 0.1}),
         ("drfl", {"lr": 0.1, "lam_lr": 0.1}),

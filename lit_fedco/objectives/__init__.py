@@ -28,7 +28,7 @@ from lit_fedco.objectives.dro import (
     kl_dro_weights,
     shift_and_norm,
 )
-from lit_fedco.objectives.maml import MAML, TaskERM, adapt, maml_loss
+from lit_fedco.objectives.maml import MAML, TaskERM, adapt, maml_loss, per_fedavg_direction
 from lit_fedco.objectives.personalized import (
     DAMAML,
     MetaLearning,
@@ -66,6 +66,7 @@ __all__ = [
     "kl_dro_weights",
     "maml_loss",
     "model_params",
+    "per_fedavg_direction",
     "plugin_gradient",
     "register_problem",
     "shift_and_norm",

@@ -27,7 +27,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
-from torch.func import functional_call, grad, vmap
+from torch.func import functional_call, grad, grad_and_value, vjp, vmap
 
 from lit_fedco.objectives.base import (
     Batch,
@@ -81,6 +81,36 @@ def maml_loss(
 ) -> Tensor:
     """The meta-objective of one task, ``L(x − α ∇L(x; S); Q)`` (FCSG eq. 5 for one ξ)."""
     return loss(adapt(loss, params, *support, lr, steps, first_order), *query)
+
+
+def per_fedavg_direction(
+    loss: LossFn,
+    params: Params,
+    support: tuple[Tensor, Tensor],
+    query: tuple[Tensor, Tensor],
+    hessian: tuple[Tensor, Tensor],
+    lr: float,
+    first_order: bool = False,
+) -> tuple[Params, Tensor]:
+    """Per-FedAvg's stochastic meta-gradient (Fallah, Mokhtari, Ozdaglar 2020, Algorithm 1)::
+
+        y = x − α ∇L(x; D)                        (one adaptation step on D)
+        u = (I − α ∇²L(x; D″)) ∇L(y; D′)           (the Hessian on a third batch D″)
+
+    one Hessian-vector product. With D″ = D this is ``grad`` of :func:`maml_loss` on (D, D′),
+    the exact meta-gradient of the sampled task (tested); the independent D″ is Per-FedAvg's
+    choice. ``first_order`` drops the Hessian term (Per-FedAvg (FO): u = ∇L(y; D′)).
+
+    Returns:
+        u and the post-adaptation query loss ``L(y; D′)``.
+    """
+    y = adapt(loss, params, *support, lr, 1, first_order=True)  # ∇L(y; D′) is taken at y itself
+    g_query, value = grad_and_value(loss)(y, *query)
+    if first_order:
+        return g_query, value
+    hvp = vjp(lambda p: grad(loss)(p, *hessian), params)[1]
+    (h,) = hvp(g_query)
+    return tree_map(lambda g, hv: (g - lr * hv).detach(), g_query, h), value
 
 
 def relative_labels(ways: int, per_class: int, device: torch.device | None = None) -> Tensor:

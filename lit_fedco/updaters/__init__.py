@@ -30,7 +30,7 @@ from lit_fedco.updaters.feddro import (
     FedDRO,
     FedDROHparams,
 )
-from lit_fedco.updaters.personal import Ditto, DittoHparams, FedMAML
+from lit_fedco.updaters.personal import Ditto, DittoHparams, FedMAML, FedMAMLHparams
 from lit_fedco.updaters.qfedavg import QFedAvg, QFedAvgHparams
 from lit_fedco.updaters.robust import DRFL, TRMAML, DRFLHparams, project_simplex
 
@@ -61,6 +61,7 @@ __all__ = [
     "FedDRO",
     "FedDROHparams",
     "FedMAML",
+    "FedMAMLHparams",
     "Hparams",
     "LocalSCGD",
     "LocalSCGDHparams",

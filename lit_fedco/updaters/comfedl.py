@@ -109,8 +109,9 @@ class ComFedLMAML(ComFedL):
         x ← x − η u
 
     which is the exact gradient of the one-task MAML loss on (B, B̃): since f_k is the query
-    loss itself, ComFedL's estimator and FedMAML's gradient coincide on the same batches (the
-    bias of the compositional estimator vanishes); the methods differ in their step sizes.
+    loss itself, the bias of the compositional estimator vanishes. FedMAML (Per-FedAvg) takes
+    the Hessian on a third, independent batch; with ``fedmaml.hessian=support`` the two
+    estimators coincide on the same batches and the methods differ only in their step sizes.
     """
 
     hparams_cls = Hparams

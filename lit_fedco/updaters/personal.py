@@ -1,8 +1,11 @@
 """Personalised-FL baselines of the ComFedL paper (§5.2): FedMAML (Per-FedAvg, Fallah,
 Mokhtari, Ozdaglar 2020) and Ditto (Li, Hu, Beirami, Smith 2021).
 
-- FedMAML: FedAvg on the MAML objective, ``x ← x − η ∇ L_k(x − α ∇L_k(x; B); B̃)`` locally
-  (exact second-order meta-gradient), x averaged every I steps.
+- FedMAML (Per-FedAvg, Algorithm 1): local meta-steps on three independent batches D, D′, D″
+  of the client, ``x ← x − β (I − α ∇²L_k(x; D″)) ∇L_k(x − α ∇L_k(x; D); D′)``, x averaged
+  every I steps. ``hessian="support"`` takes the Hessian on D instead: then the step is the
+  exact gradient of the sampled task's MAML loss, ComFedL-MAML's estimator on the MAML
+  composition (the two then differ only in their step sizes).
 - Ditto: a global model trained by FedAvg and, on every client, a personal model v_k kept
   across rounds and pulled towards the round's global model w (Ditto, Algorithm 1)::
 
@@ -20,22 +23,88 @@ from typing import ClassVar
 from torch import Tensor, nn
 from torch.func import grad
 
+from lit_fedco.errors import ConfigError
 from lit_fedco.objectives.base import Batch, Context, Objective
+from lit_fedco.objectives.maml import per_fedavg_direction
 from lit_fedco.objectives.personalized import MetaLearning, PFLParams
 from lit_fedco.state import State, tree_axpy, tree_sub
 from lit_fedco.updaters.base import Hparams, register
 from lit_fedco.updaters.fedavg import FedAvg
 
+HESSIAN_BATCHES = ("independent", "support")
+
+
+@dataclass(frozen=True)
+class FedMAMLHparams(Hparams):
+    """FedMAML (Per-FedAvg) hyperparameters; α is the problem's ``pfl.inner_lr``.
+
+    Attributes:
+        lr: β, the meta step size (ComFedL §5.2: 0.1).
+        hessian: ``"independent"`` (Per-FedAvg: the Hessian on a third batch D″; default) or
+            ``"support"`` (on the adaptation batch D: the exact meta-gradient of the task).
+    """
+
+    hessian: str = "independent"
+
+    def validate(self) -> None:
+        super().validate()
+        self.require("hessian", self.hessian in HESSIAN_BATCHES, f"one of {HESSIAN_BATCHES}",
+                     "independent")  # fmt: skip
+
 
 @register("fedmaml")
 class FedMAML(FedAvg):
-    """FedMAML / Per-FedAvg: FedAvg's local SGD on the MAML composition (module docstring)."""
+    """FedMAML / Per-FedAvg: local meta-steps on the MAML composition (module docstring)."""
 
+    hparams_cls = FedMAMLHparams
     compositions: ClassVar[tuple[str, ...]] = ("local",)
-    batch_roles: ClassVar[tuple[str, ...]] = ("inner", "outer")  # type: ignore[misc]
+
+    def __init__(
+        self, hparams: Hparams, model: nn.Module, objective: Objective | None = None
+    ) -> None:
+        super().__init__(hparams, model, objective)
+        meta = self.objective
+        if not isinstance(meta, MetaLearning):
+            raise ConfigError(
+                f"fedmaml: objective {type(meta).__name__} is not the MAML composition; "
+                "run it with objective=pfl"
+            )
+        if self._independent and meta.settings.inner_steps != 1:
+            raise ConfigError(
+                f"pfl.inner_steps: got {meta.settings.inner_steps}, but Per-FedAvg's estimator "
+                "(fedmaml.hessian=independent) is defined for one adaptation step; set "
+                "pfl.inner_steps=1 or fedmaml.hessian=support"
+            )
 
     def build_objective(self, model: nn.Module) -> Objective:
         return MetaLearning(model, PFLParams())
+
+    @property
+    def _independent(self) -> bool:
+        """Whether steps draw the Hessian batch D″ (not for ``hessian="support"`` or
+        first-order MAML, which has no Hessian term)."""
+        hp, meta = self.hparams, self.objective
+        assert isinstance(hp, FedMAMLHparams) and isinstance(meta, MetaLearning)
+        return hp.hessian == "independent" and not meta.settings.first_order
+
+    @property
+    def batch_roles(self) -> tuple[str, ...]:  # type: ignore[override]
+        """D (support), D′ (query) and, for Per-FedAvg's estimator, D″ (Hessian)."""
+        return ("inner", "outer", "hessian") if self._independent else ("inner", "outer")
+
+    def client_step(
+        self, state: State, batches: dict[str, Batch], ctx: Context, step: int
+    ) -> tuple[State, dict[str, Tensor]]:
+        if not self._independent:  # the gradient of the task's MAML loss (FedAvg's step on it)
+            return super().client_step(state, batches, ctx, step)
+        meta = self.objective
+        assert isinstance(meta, MetaLearning)
+        s, q, h = batches["inner"], batches["outer"], batches["hessian"]
+        u, loss = per_fedavg_direction(
+            meta.batch_loss, state["x"], (s["x"], s["y"]), (q["x"], q["y"]), (h["x"], h["y"]),
+            meta.settings.inner_lr,
+        )  # fmt: skip
+        return {**state, "x": tree_axpy(-self.hparams.lr, u, state["x"])}, {"loss": loss}
 
 
 @dataclass(frozen=True)
