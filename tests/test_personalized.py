@@ -183,6 +183,18 @@ def test_damaml_stable_and_literal_directions_differ_by_one_positive_factor_per_
             torch.testing.assert_close(us[key], factor * ul[key], rtol=1e-10, atol=1e-14)
     # at the broadcast point the client weights are K softmax(L/γ): the largest loss counts most
     assert int(ctx["weights"].argmax()) == int(probes.argmax())
+    # the logged step weight is the multiplier f′(L) of the MAML direction, in both forms
+    meta = MetaLearning(model, PFLParams())
+    for b in batches:
+        _, logs_s = stable.client_step({"x": params}, b, ctx, 0)
+        _, logs_l = literal.client_step({"x": params}, b, {}, 0)
+        us, _ = stable.direction(params, b, ctx)
+        gm = grad(lambda p, b=b: meta.meta_loss(p, b))(params)
+        for key in params:
+            torch.testing.assert_close(
+                us[key], logs_s["step_weight"] * gm[key], rtol=1e-8, atol=1e-12
+            )
+        torch.testing.assert_close(logs_l["step_weight"], logs_s["step_weight"] / factor)
 
 
 # ---------------------------------------------------------------------- DRFL / TR-MAML

@@ -23,7 +23,7 @@ from torch.func import grad, vjp
 
 from lit_fedco.errors import ConfigError
 from lit_fedco.objectives.base import Batch, Context, Objective
-from lit_fedco.objectives.dro import FORMS, ClientKLDRO
+from lit_fedco.objectives.dro import FORMS, ClientKLDRO, exp_outer
 from lit_fedco.objectives.personalized import DAMAML, MetaLearning, PFLParams
 from lit_fedco.state import State, tree_axpy, tree_map
 from lit_fedco.updaters.base import CompositionalUpdater, Hparams, register
@@ -154,6 +154,20 @@ class ComFedLDAMAML(ComFedLMAML):
             raise ConfigError("comfedl_damaml: hyperparameters must be a ComFedLHparams")
         damaml = DAMAML(model, meta.settings, hparams.gamma, hparams.form)
         CompositionalUpdater.__init__(self, hparams, model, damaml)
+
+    def client_step(
+        self, state: State, batches: dict[str, Batch], ctx: Context, step: int
+    ) -> tuple[State, dict[str, Tensor]]:
+        """The ComFedL step, and its multiplier of the MAML direction logged as
+        ``train/step_weight``: ``f′(L) = exp((L − c)/γ)/Z`` (stable; mean 1 over the cohort at
+        the broadcast model) or ``exp(L/γ)/γ`` (literal), L the step's query loss. Values far
+        above 1 are the large steps the exponential gives a batch whose loss exceeds the round's
+        shift."""
+        new, logs = super().client_step(state, batches, ctx, step)
+        hp = self.hparams
+        assert isinstance(hp, ComFedLHparams)
+        logs["step_weight"] = exp_outer(logs["loss"], hp.gamma, hp.form, ctx) / hp.gamma
+        return new, logs
 
     def probe(self, state: State, batches: dict[str, Batch], ctx: Context) -> Tensor | None:
         """The client's post-adaptation loss ``L_k(x̄ − α ∇L_k(x̄; B); B̃)`` on the round's first
