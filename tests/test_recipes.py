@@ -17,17 +17,22 @@ from lit_fedco.tracking import read_wandb_offline_run
 REPO = Path(__file__).resolve().parent.parent
 
 
+def run_offline(tmp_path: Path, recipe: str, *args: str) -> subprocess.CompletedProcess:
+    """``python -m lit_fedco.recipes.RECIPE ARGS`` as a user with no W&B credentials (no W&B
+    variables, a HOME without ~/.netrc), so W&B runs offline; asserts that it succeeded."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("WANDB")}
+    env["HOME"] = str(tmp_path)
+    cmd = [sys.executable, "-m", f"lit_fedco.recipes.{recipe}", *args]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc
+
+
 def test_recipe_writes_a_wandb_offline_run_and_csv(tmp_path):
     """No credentials → offline; the run's config and history are what the recipe logged."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("WANDB")}
-    env["HOME"] = str(tmp_path)  # no ~/.netrc: no stored credentials
     out = tmp_path / "out"
-    args = [
-        sys.executable, "-m", "lit_fedco.recipes.comfedl_dro", "updater=comfedl", "rounds=4",
-        "eval_every=2", f"out_dir={out}", "data.big=200",
-    ]  # fmt: skip
-    proc = subprocess.run(args, capture_output=True, text=True, env=env, timeout=300, cwd=tmp_path)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    args = ["updater=comfedl", "rounds=4", "eval_every=2", f"out_dir={out}", "data.big=200"]
+    proc = run_offline(tmp_path, "comfedl_dro", *args)
     assert "100%" in proc.stderr  # the progress bar ran to the end
     runs = list((out / "wandb").glob("offline-run-*"))
     assert len(runs) == 1
@@ -49,23 +54,15 @@ def test_recipe_writes_a_wandb_offline_run_and_csv(tmp_path):
     assert hp["updater"] == "comfedl" and hp["data"]["big"] == 200
 
 
-def _offline_env(tmp_path: Path) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("WANDB")}
-    env["HOME"] = str(tmp_path)  # no ~/.netrc: no stored credentials, so W&B runs offline
-    return env
-
-
 def test_comfedl_dro_compares_drfl_and_qfedavg_by_default(tmp_path):
     """The table has a row per method of ComFedL §5.1; DRFL logs its client weights λ (on the
     simplex) at every evaluation."""
     out = tmp_path / "out"
     args = [
-        sys.executable, "-m", "lit_fedco.recipes.comfedl_dro", "rounds=3", "eval_every=3",
-        "tracking=[csv]", "progress=false", f"out_dir={out}", "data.big=200",
+        "rounds=3", "eval_every=3", "tracking=[csv]", "progress=false", f"out_dir={out}",
+        "data.big=200",
     ]  # fmt: skip
-    proc = subprocess.run(args, capture_output=True, text=True, env=_offline_env(tmp_path),
-                          timeout=300, cwd=tmp_path)  # fmt: skip
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    proc = run_offline(tmp_path, "comfedl_dro", *args)
     table = proc.stdout.split("final validation accuracy")[1].splitlines()
     assert [line.split()[0] for line in table[3:7]] == ["comfedl", "drfl", "qfedavg", "fedavg"]
     results = json.loads((out / "comfedl_dro-results.json").read_text())["results"]
@@ -83,13 +80,10 @@ def test_comfedl_dro_compares_drfl_and_qfedavg_by_default(tmp_path):
 def test_comfedl_maml_logs_to_wandb_offline_and_csv_with_the_damaml_weights(tmp_path):
     out = tmp_path / "out"
     args = [
-        sys.executable, "-m", "lit_fedco.recipes.comfedl_maml", "updater=comfedl_damaml",
-        "rounds=2", "eval_every=2", "local_steps=2", "model.hidden=8", "data.val_per_client=20",
-        "progress=false", f"out_dir={out}",
+        "updater=comfedl_damaml", "rounds=2", "eval_every=2", "local_steps=2", "model.hidden=8",
+        "data.val_per_client=20", "progress=false", f"out_dir={out}",
     ]  # fmt: skip
-    proc = subprocess.run(args, capture_output=True, text=True, env=_offline_env(tmp_path),
-                          timeout=300, cwd=tmp_path)  # fmt: skip
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    proc = run_offline(tmp_path, "comfedl_maml", *args)
     assert "comfedl_damaml" in proc.stdout and "val worst acc" in proc.stdout
     (run_dir,) = list((out / "wandb").glob("offline-run-*"))
     run = read_wandb_offline_run(run_dir)
