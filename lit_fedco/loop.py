@@ -1,4 +1,5 @@
-"""The federated loop on Lightning Fabric.
+"""The federated loop on Lightning Fabric: a thin driver of cohort sampling → round
+(:func:`lit_fedco.round.federated_round`) → evaluation schedule → state dict.
 
 One code path for 1 or N processes: every rank samples the same cohort (seeded by seed and
 round), runs its share of the cohort clients (``cohort[rank::world]``, balanced), and takes
@@ -14,24 +15,23 @@ A run is therefore reproducible from its round counter and server state alone, a
 
 from __future__ import annotations
 
-import math
+from collections.abc import Callable
 from dataclasses import dataclass
-from functools import partial
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 from lightning.fabric import Fabric
-from lightning.fabric.loggers import Logger
 from torch import Tensor
-from tqdm.auto import tqdm
 
 from lit_fedco.data.federated import BatchSampler, FederatedData
 from lit_fedco.errors import ConfigError
+from lit_fedco.evaluation import Evaluator
 from lit_fedco.executors import Executor
-from lit_fedco.metrics import PerClientClassification
-from lit_fedco.state import State, broadcast, flatten, numel, tree_leaves, tree_map, unflatten
+from lit_fedco.protocol import RoundInfo
+from lit_fedco.round import FabricComm, federated_round, make_store
+from lit_fedco.state import State, tree_map
 from lit_fedco.updaters.base import CompositionalUpdater
 
 
@@ -47,7 +47,7 @@ class LoopConfig:
         eval_every: E, evaluate every E rounds (and after the last round).
         seed: seeds the cohort and minibatch generators.
         eval_batch: rows per forward pass at evaluation.
-        progress: show a progress bar (rank 0).
+        progress: show a progress bar (rank 0; drawn by the runner).
     """
 
     rounds: int = 100
@@ -84,18 +84,6 @@ def sample_cohort(seed: int, round_idx: int, num_clients: int, m: int) -> Tensor
     return torch.randperm(num_clients, generator=g)[:m].sort().values
 
 
-def _client_step(upd: CompositionalUpdater, t: int, s: State, b: Any, c: Any) -> Any:
-    return upd.client_step(s, b, c, t)
-
-
-class Diverged(FloatingPointError):
-    """The training loss became NaN or infinite (the same round on every process)."""
-
-    def __init__(self, round_idx: int, message: str) -> None:
-        super().__init__(message)
-        self.round = round_idx
-
-
 def client_generator(seed: int, client: int, round_idx: int) -> torch.Generator:
     """A generator for client ``client``'s conditional samples in round ``round_idx``."""
     state = np.random.SeedSequence([seed, client, round_idx, 0xA06]).generate_state(2)
@@ -109,10 +97,9 @@ class FederatedLoop:
         fabric: a launched :class:`lightning.fabric.Fabric`.
         updater: the algorithm.
         data: all clients' data (moved to ``fabric.device``).
-        cfg: the schedule.
+        cfg: the schedule (the updater's ``local_steps`` hyperparameter, when set, wins).
         executor: vectorized or sequential client execution.
         dtype: floating dtype of parameters and data.
-        loggers: Fabric loggers (W&B, CSV) that rank 0 writes the round logs to.
     """
 
     def __init__(
@@ -123,155 +110,55 @@ class FederatedLoop:
         cfg: LoopConfig,
         executor: Executor,
         dtype: torch.dtype = torch.float32,
-        loggers: list[Logger] | None = None,
     ) -> None:
-        self.fabric = fabric
-        self.updater = updater
-        self.cfg = cfg
-        self.executor = executor
+        self.fabric, self.updater, self.cfg, self.executor = fabric, updater, cfg, executor
         self.dtype = dtype
         self.rank, self.world = fabric.global_rank, fabric.world_size
         k = data.num_clients
         cfg.validate(k, self.world)
+        self.local_steps = updater.hparams.local_steps or cfg.local_steps
         self.data = data.to(fabric.device, dtype)
         # The objective may bring its own sampler (FCSG's tasks, or positives in every batch).
         self.sampler: BatchSampler = updater.objective.make_sampler(self.data, cfg.seed)
-        updater.num_clients = k  # before init_server: some keep a value per client (DRFL's λ)
-        self.server: State = tree_map(
-            lambda t: t.to(fabric.device, dtype), updater.init_server(updater.params())
-        )
+        self.comm = FabricComm(fabric, dtype)
+        params = updater.init_server(updater.params(), k)
+        self.server: State = tree_map(lambda t: t.to(fabric.device, dtype), params)
+        self.store = make_store(updater, self.server, k)  # state clients keep across rounds
         self.round = 0
         self.comm_total = 0.0
-        # State that clients keep across rounds, one row per client, replicated on every rank
-        # so that whichever rank runs a client finds it (and the checkpoint holds it).
-        client0 = updater.init_client(self.server)
-        self.clients: State = {key: broadcast(client0[key], k) for key in updater.persistent_keys}
-        # Clients this rank evaluates (all K, sharded like the cohort) and their rows.
-        self.eval_clients = torch.arange(self.rank, k, self.world)
-        self._eval_rows = {
-            split: self._rows_of(self.eval_clients, split) for split in ("train", "val")
-        }
-        # Personalised FL: each client adapts on a fixed support batch of its own training rows.
-        self._eval_support = (
-            self._support_rows(updater.objective.eval_support or cfg.batch_size)
-            if updater.personalizes
-            else None
-        )
-        self.metrics = {
-            split: PerClientClassification(k, updater.objective.eval_classes(data.num_classes)).to(
-                fabric.device
-            )
-            for split in ("train", "val")
-        }
-        self.extra_metrics = {  # e.g. average precision over all rows of the split
-            split: {
-                name: m.to(fabric.device) for name, m in updater.objective.eval_metrics().items()
-            }
-            for split in ("train", "val")
-        }
+        self.evaluate_clients = Evaluator(
+            updater, self.data, executor, self.rank, self.world, cfg.seed, cfg.batch_size,
+            cfg.eval_batch, fabric.device,
+        )  # fmt: skip
         self.history: list[dict[str, float]] = []
-        self.loggers = loggers or []
 
-    # ------------------------------------------------------------------ one round
     def run_round(self) -> dict[str, float]:
-        """Run round ``self.round``: broadcast, I local steps, aggregate; returns its logs."""
-        cfg, upd, ex = self.cfg, self.updater, self.executor
-        cohort = sample_cohort(cfg.seed, self.round, self.data.num_clients, cfg.cohort)
+        """Run round ``self.round`` (:func:`~lit_fedco.round.federated_round`); its logs."""
+        cfg, upd = self.cfg, self.updater
+        k = self.data.num_clients
+        cohort = sample_cohort(cfg.seed, self.round, k, cfg.cohort)
         mine = cohort[self.rank :: self.world]
-        n, m = len(mine), len(cohort)
+        info = RoundInfo(self.round, k, cohort, self.local_steps, cfg.seed)
         roles = upd.batch_roles
-        idx = self.sampler.sample_round(mine, self.round, cfg.local_steps, roles, cfg.batch_size)
-        self.fabric.call("on_round_start", loop=self, cohort=cohort)
-
-        # BROADCAST: every cohort client starts from the server's state.
-        client0 = upd.init_client(self.server)
-        states = broadcast(client0, n)
-        sent = tree_leaves({k: v for k, v in client0.items() if k not in upd.persistent_keys})
-        floats_down = sum(t.numel() for t in {id(t): t for t in sent}.values())  # a copy: once
-        if upd.persistent_keys:  # client-held state (e.g. Ditto's personal model) comes back
-            rows = mine.to(self.fabric.device)
-            kept = {key: tree_map(lambda v: v[rows], self.clients[key]) for key in self.clients}
-            states = {**states, **kept}
-        if upd.client_id_key:  # each client knows its own id (not communication)
-            states = {**states, upd.client_id_key: mine.to(self.fabric.device)}
-        floats_up = 0
-
-        # ROUND CONTEXT: a scalar probe per client at the broadcast point (one all-reduce).
-        ctx: dict[str, Tensor] = {}
+        idx = self.sampler.sample_round(mine, self.round, self.local_steps, roles, cfg.batch_size)
         gens = (
-            [client_generator(cfg.seed, int(k), self.round) for k in mine]
+            [client_generator(cfg.seed, int(c), self.round) for c in mine]
             if upd.objective.has_augment
             else []
         )
-        first = self._batches(idx, 0, roles, gens)
-        if upd.uses_probe:
-            batches = first
-            probes = ex.map(lambda s, b, c: upd.probe(s, b, c), states, batches, {}, n)
-            full = probes.new_zeros((self.data.num_clients, *probes.shape[1:]), dtype=self.dtype)
-            full[mine.to(full.device)] = probes.to(self.dtype)
-            full = self._all_reduce(full)  # client k's probe lands in row k, on every rank
-            ctx = upd.round_context(self.server, full[cohort.to(full.device)], cohort)
-            floats_up += probes[0].numel()
-            floats_down += sum(
-                v.numel() for key, v in ctx.items() if key != "weights" and key[0] != "_"
-            )
-
-        # LOCAL STEPS
-        log_sum: dict[str, Tensor] = {}
-        for t in range(cfg.local_steps):
-            batches = first if t == 0 else self._batches(idx, t, roles, gens)
-            step_fn = partial(_client_step, upd, t)
-            states, logs = ex.map(step_fn, states, batches, ctx, n)
-            for key, v in logs.items():
-                log_sum[key] = log_sum.get(key, 0.0) + v.detach().sum()
-            if upd.step_keys:  # per-step communication: cohort mean of the declared entries
-                part = {key: tree_map(lambda v: v.sum(0), states[key]) for key in upd.step_keys}
-                mean = self._mean(part, m)
-                states = {**states, **{key: broadcast(mean[key], n) for key in upd.step_keys}}
-                floats_up += numel(mean)
-                floats_down += numel(mean)
-
-        if upd.persistent_keys:  # write back: one all-reduce of this round's cohort rows
-            rows = mine.to(self.fabric.device)
-            part = {
-                key: tree_map(
-                    lambda store, v: store.new_zeros(store.shape).index_copy_(0, rows, v),
-                    self.clients[key],
-                    states[key],
-                )
-                for key in upd.persistent_keys
-            }
-            summed = self._mean(part, 1)
-            cohort_rows = cohort.to(self.fabric.device)
-            self.clients = {
-                key: tree_map(
-                    lambda store, new: store.index_copy(0, cohort_rows, new[cohort_rows]),
-                    self.clients[key],
-                    summed[key],
-                )
-                for key in upd.persistent_keys
-            }
-
-        # AGGREGATION: one all-reduce of [sum of uploads, sum of logs], then the server update.
-        ups = ex.map(lambda s, b, c: upd.upload(s), states, None, ctx, n)
-        payload = {"up": tree_map(lambda v: v.sum(0), ups), "logs": log_sum}
-        mean = self._mean(payload, m)
-        floats_up += numel(mean["up"])
-        self.server = upd.server_update(self.server, mean["up"], ctx)
-
-        self.comm_total += floats_up + floats_down
-        out = {f"train/{k}": float(v) / cfg.local_steps for k, v in mean["logs"].items()}
-        out.update(
-            {
-                "comm/up_floats_per_client": float(floats_up),
-                "comm/down_floats_per_client": float(floats_down),
-                "comm/total_floats_per_client": self.comm_total,
-            }
-        )
-        if "weights" in ctx:
-            w = ctx["weights"]
-            out["dro/cohort_weight_max"] = float(w.max())
-            out["dro/cohort_weight_entropy"] = float(-(w * w.clamp_min(1e-30).log()).sum())
+        self.fabric.call("on_round_start", loop=self, cohort=cohort)
+        res = federated_round(
+            upd, self.server, info, mine, lambda t: self._batches(idx, t, roles, gens),
+            self.comm, self.executor, self.store,
+        )  # fmt: skip
+        self.server = res.server
+        self.comm_total += res.traffic.up + res.traffic.down
+        out = {
+            **res.logs,
+            "comm/up_floats_per_client": float(res.traffic.up),
+            "comm/down_floats_per_client": float(res.traffic.down),
+            "comm/total_floats_per_client": self.comm_total,
+        }
         self.round += 1
         self.fabric.call("on_round_end", loop=self, logs=out)
         return out
@@ -289,161 +176,32 @@ class FederatedLoop:
                 out[role] = self.updater.objective.augment(out[role], gens)
         return out
 
-    def _all_reduce(self, flat: Tensor) -> Tensor:
-        if self.world == 1:
-            return flat
-        return self.fabric.all_reduce(flat, reduce_op="sum")  # type: ignore[return-value]
-
-    def _mean(self, tree: Any, m: int) -> Any:
-        """Sum ``tree`` over ranks in one collective and divide by m."""
-        flat, meta, spec = flatten(tree)
-        flat = self._all_reduce(flat.to(self.dtype)) / m
-        return unflatten(flat, meta, spec)
-
-    # ------------------------------------------------------------------ evaluation
-    def _rows_of(self, clients: Tensor, split: str) -> tuple[Tensor, Tensor]:
-        """Row indices of ``clients``' samples in ``split`` and the client id of each row."""
-        offsets = (self.data.train_offsets if split == "train" else self.data.val_offsets).cpu()
-        rows, owner = [], []
-        for k in clients.tolist():
-            lo, hi = int(offsets[k]), int(offsets[k + 1])
-            rows.append(torch.arange(lo, hi))
-            owner.append(torch.full((hi - lo,), k))
-        device = self.fabric.device
-        return torch.cat(rows).to(device), torch.cat(owner).to(device)
-
-    def _support_rows(self, size: int) -> Tensor:
-        """``size`` training rows of each client this rank evaluates, ``[n, size]``: drawn once,
-        without replacement where the client has enough rows, by a generator seeded by
-        (seed, client) — the same support batch at every evaluation and on any process."""
-        offsets = self.data.train_offsets.cpu()
-        out = []
-        for k in self.eval_clients.tolist():
-            lo, n_k = int(offsets[k]), int(offsets[k + 1] - offsets[k])
-            state = np.random.SeedSequence([self.cfg.seed, k, 0x5099]).generate_state(2)
-            g = torch.Generator().manual_seed(int(state[0]) << 32 | int(state[1]))
-            local = (
-                torch.randperm(n_k, generator=g)[:size]
-                if n_k >= size
-                else torch.randint(n_k, (size,), generator=g)
-            )
-            out.append(local + lo)
-        return torch.stack(out).to(self.fabric.device)
-
-    def personal_params(self) -> State:
-        """Every evaluated client's own parameters, stacked ``[n, ...]`` in the order of
-        ``eval_clients``: :meth:`CompositionalUpdater.personal_params` run by the executor."""
-        upd, n = self.updater, len(self.eval_clients)
-        assert self._eval_support is not None
-        state = {"x": broadcast(upd.eval_params(self.server), n)}
-        ids = self.eval_clients.to(self.fabric.device)
-        state.update({key: tree_map(lambda v: v[ids], self.clients[key]) for key in self.clients})
-        support = {
-            "x": self.data.x_train[self._eval_support],
-            "y": self.data.y_train[self._eval_support],
-        }
-        return self.executor.map(
-            lambda s, b, c: upd.personal_params(s, b, c), state, support, {}, n
-        )
-
-    def _outputs(self, params: Any, split: str) -> Any:
-        """``(logits, targets, client)`` chunks of this rank's rows of ``split``: with the shared
-        parameters, or client by client with each one's personal parameters."""
-        rows, owner = self._eval_rows[split]
-        x_all, y_all = (
-            (self.data.x_train, self.data.y_train)
-            if split == "train"
-            else (self.data.x_val, self.data.y_val)
-        )
-        objective, chunk = self.updater.objective, self.cfg.eval_batch
-        if self._eval_support is None:
-            yield from objective.eval_outputs(params, x_all, y_all, rows, owner, chunk)
-            return
-        for i, k in enumerate(self.eval_clients.tolist()):
-            mask = owner == k
-            own = tree_map(lambda v: v[i], params)
-            yield from objective.eval_outputs(own, x_all, y_all, rows[mask], owner[mask], chunk)
-
-    @torch.no_grad()
     def evaluate(self) -> dict[str, float]:
-        """Per-client accuracy and loss on every client's train and validation data: average,
-        worst, 10th percentile (``lit_fedco.metrics``). The model is the server's, or each
-        client's own after adaptation when the updater personalises (ComFedL §5.2)."""
-        params = (
-            self.personal_params()
-            if self._eval_support is not None
-            else self.updater.eval_params(self.server)
-        )
-        out: dict[str, float] = {}
-        for split, metric in self.metrics.items():
-            metric.reset()
-            extras = self.extra_metrics[split]
-            for extra in extras.values():
-                extra.reset()
-            for logits, target, who in self._outputs(params, split):
-                metric.update(logits, target, who)
-                for extra in extras.values():
-                    extra.update(logits, target, who)
-            for name, extra in extras.items():
-                out[f"{split}/{name}"] = float(extra.compute())
-            res = metric.compute()
-            for key, v in res.items():
-                if v.dim() == 0:
-                    out[f"{split}/{key}"] = float(v)
-            if split == "train":
-                w = self.updater.client_weights(self.server, res["loss_per_client"].to(self.dtype))
-                if w is not None:
-                    out["dro/weight_max"] = float(w.max())
-                    if len(w) <= 32:
-                        out.update({f"dro/weight_client{k}": float(v) for k, v in enumerate(w)})
-            if split == "val":
-                self.last_per_client = res["acc_per_client"].cpu()
-                self.last_per_class = res["acc_per_class"].cpu()
-                # per-class accuracy (imbalanced data: the minority classes are the point);
-                # classes without validation samples are left out
-                out.update(
-                    {
-                        f"val/acc_class{c}": float(v)
-                        for c, v in enumerate(self.last_per_class.tolist())
-                        if not math.isnan(v)
-                    }
-                )
+        """Every client's metrics (:class:`~lit_fedco.evaluation.Evaluator`), then the
+        ``on_eval_end`` hook."""
+        out = self.evaluate_clients(self.server, self.store, self.dtype)
         self.fabric.call("on_eval_end", loop=self, metrics=out)
         return out
 
-    # ------------------------------------------------------------------ driver
-    def run(self) -> dict[str, float]:
-        """Run the remaining rounds; evaluate every E rounds and at the end; log everything."""
-        cfg = self.cfg
-        bar = tqdm(
-            total=cfg.rounds,
-            initial=self.round,
-            desc=self.updater.name,
-            disable=not cfg.progress or self.rank != 0,
-            dynamic_ncols=True,
-        )
+    def run(self, on_round: Callable[[dict[str, float]], None] | None = None) -> dict[str, float]:
+        """Run the remaining rounds; evaluate every E rounds and after the last one.
+
+        Args:
+            on_round: called with each round's logs (the runner's progress bar, loggers and
+                divergence check; raising stops the run).
+
+        Returns:
+            The logs of the last evaluated round.
+        """
         final: dict[str, float] = {}
-        while self.round < cfg.rounds:
+        while self.round < self.cfg.rounds:
             logs = self.run_round()
-            if self.round % cfg.eval_every == 0 or self.round == cfg.rounds:
+            if self.round % self.cfg.eval_every == 0 or self.round == self.cfg.rounds:
                 logs.update(self.evaluate())
                 final = logs
-                bar.set_postfix(
-                    avg=f"{logs['val/acc_avg']:.3f}", worst=f"{logs['val/acc_worst']:.3f}"
-                )
-            if not math.isfinite(logs.get("train/loss", 0.0)):
-                bar.close()
-                raise Diverged(
-                    self.round,
-                    f"{self.updater.name}: training loss became {logs['train/loss']} in round "
-                    f"{self.round}; lower the step size ({self.updater.name}.lr)",
-                )
-            if self.rank == 0:
-                for logger in self.loggers:
-                    logger.log_metrics(logs, step=self.round)
+            if on_round is not None:
+                on_round(logs)
             self.history.append(logs)
-            bar.update(1)
-        bar.close()
         return final
 
     # ------------------------------------------------------------------ state
@@ -458,7 +216,7 @@ class FederatedLoop:
         return {
             "round": self.round,
             "server": self.server,
-            "clients": self.clients,
+            "clients": self.store.rows,
             "comm_total": self.comm_total,
             "seed": self.cfg.seed,
         }
@@ -472,7 +230,7 @@ class FederatedLoop:
         self.round = int(sd["round"])
         self.comm_total = float(sd["comm_total"])
         self.server = tree_map(lambda t: t.to(self.fabric.device, self.dtype), sd["server"])
-        self.clients = tree_map(lambda t: t.to(self.fabric.device, self.dtype), sd["clients"])
+        self.store.rows = tree_map(lambda t: t.to(self.fabric.device, self.dtype), sd["clients"])
 
     def save(self, path: str | Path) -> None:
         """Save :meth:`state_dict` with ``fabric.save`` (rank 0 writes)."""

@@ -6,8 +6,8 @@ Recipes (``lit_fedco/recipes/<name>.py``) are thin: they pass their defaults to
 
 from __future__ import annotations
 
-import dataclasses
 import json
+import math
 import os
 import shlex
 import sys
@@ -19,12 +19,13 @@ from typing import Any
 import torch
 from lightning.fabric import Fabric
 from omegaconf import DictConfig, OmegaConf
+from tqdm.auto import tqdm
 
 from lit_fedco.config import load_config, problem_params, updater_hparams
 from lit_fedco.data.federated import FederatedData, make_federated
 from lit_fedco.errors import ConfigError
 from lit_fedco.executors import make_executor
-from lit_fedco.loop import Diverged, FederatedLoop, LoopConfig
+from lit_fedco.loop import FederatedLoop, LoopConfig
 from lit_fedco.models import build_model
 from lit_fedco.objectives.base import get_problem
 from lit_fedco.tracking import check_tracking, finalize_loggers, make_loggers
@@ -39,6 +40,14 @@ TABLE_COLUMNS = [
     ("train/acc_worst", "train worst acc"),
     ("comm/total_floats_per_client", "floats/client"),
 ]
+
+
+class Diverged(FloatingPointError):
+    """The training loss became NaN or infinite (the same round on every process)."""
+
+    def __init__(self, round_idx: int, message: str) -> None:
+        super().__init__(message)
+        self.round = round_idx
 
 
 def make_fabric(cfg: DictConfig, callbacks: list[Any] | None = None) -> Fabric:
@@ -130,8 +139,6 @@ def run_one(
     data = build_data(cfg, seed)
     updater = build_updater(cfg, name, data, seed)
     loop_cfg = loop_config(cfg, seed)
-    if updater.fixed_local_steps is not None:  # e.g. MBSGD: one step per round by definition
-        loop_cfg = dataclasses.replace(loop_cfg, local_steps=updater.fixed_local_steps)
     run_name = f"{recipe}-{name}-seed{seed}"
     out_dir = Path(cfg.out_dir)
     loggers = (
@@ -146,18 +153,41 @@ def run_one(
         else []
     )
     loop = FederatedLoop(
-        fabric, updater, data, loop_cfg, make_executor(cfg.executor, cfg.chunk_size), dtype, loggers
+        fabric, updater, data, loop_cfg, make_executor(cfg.executor, cfg.chunk_size), dtype
     )
     if cfg.resume:
         loop.load(cfg.resume)
+    bar = tqdm(
+        total=loop_cfg.rounds,
+        initial=loop.round,
+        desc=name,
+        disable=not loop_cfg.progress or fabric.global_rank != 0,
+        dynamic_ncols=True,
+    )
+
+    def on_round(logs: dict[str, float]) -> None:
+        """Progress, logging and the divergence check after every round."""
+        if "val/acc_avg" in logs:
+            bar.set_postfix(avg=f"{logs['val/acc_avg']:.3f}", worst=f"{logs['val/acc_worst']:.3f}")
+        if not math.isfinite(logs.get("train/loss", 0.0)):
+            raise Diverged(
+                loop.round,
+                f"{name}: training loss became {logs['train/loss']} in round {loop.round}; "
+                f"lower the step size ({name}.lr)",
+            )
+        for logger in loggers:
+            logger.log_metrics(logs, step=loop.round)
+        bar.update(1)
+
     start = time.perf_counter()
     try:
-        final = loop.run()
+        final = loop.run(on_round)
     except Diverged as err:  # a result, not a crash: reported in the table, the rest go on
         if fabric.global_rank == 0:
             print(f"lit_fedco: {err}", file=sys.stderr)
         final = {"diverged_round": float(err.round)}
     finally:
+        bar.close()
         finalize_loggers(loggers)
     final = {**final, "time_s": time.perf_counter() - start}
     if cfg.save_checkpoint:

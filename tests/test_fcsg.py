@@ -163,7 +163,7 @@ def test_vectorized_equals_sequential(name, hparams):
     for ex in ("vectorized", "sequential"):
         loop = invariant_loop(name, hparams, ex)
         loop.run()
-        out[ex] = (flat_server(loop), loop.history[-1], loop.clients)
+        out[ex] = (flat_server(loop), loop.history[-1], loop.store.rows)
     np.testing.assert_allclose(out["vectorized"][0], out["sequential"][0], rtol=1e-10, atol=1e-12)
     for key, v in out["vectorized"][1].items():
         assert v == pytest.approx(out["sequential"][1][key], rel=1e-9, abs=1e-12), key
@@ -182,7 +182,7 @@ def test_acc_fcsg_m_resumes_exactly_with_the_previous_iterates(tmp_path):
     resumed.load(tmp_path / "run.ckpt")
     resumed.run()
     np.testing.assert_array_equal(flat_server(resumed), flat_server(straight))
-    torch.testing.assert_close(resumed.clients, straight.clients, rtol=0, atol=0)
+    torch.testing.assert_close(resumed.store.rows, straight.store.rows, rtol=0, atol=0)
 
 
 def test_fcsg_m_learns_the_separator():

@@ -22,6 +22,7 @@ from lit_fedco.examples.theorem41 import (
     true_grad_norm,
 )
 from lit_fedco.objectives.distributed import Chi2SampleDRO
+from lit_fedco.protocol import RoundContext, RoundInfo
 from lit_fedco.updaters.feddro import (
     MBSGD,
     DistributedHparams,
@@ -31,6 +32,7 @@ from lit_fedco.updaters.feddro import (
     FedAvgCOHparams,
     FedDRO,
     FedDROHparams,
+    MBSGDHparams,
 )
 from tests.helpers import assert_executors_agree, make_loop, run_recipe
 
@@ -102,17 +104,18 @@ def test_ds_feddro_with_unit_server_steps_is_plain_averaging():
     ds = on_example(DSFedDRO, DSFedDROHparams(lr=LR, beta=0.2, gamma_x=1.0, gamma_y=1.0))
 
     class Averaging(DSFedDRO):
-        server_update = DistributedUpdater.server_update  # x ← mean x_k, y ← mean y_k
+        server_update = DistributedUpdater.server_update  # type: ignore[assignment]  # means
 
     avg = on_example(Averaging, DSFedDROHparams(lr=LR, beta=0.2))
     for a, b in zip(simulate(ds, data, 8, 3), simulate(avg, data, 8, 3), strict=True):
-        assert torch.equal(a["x"]["w"], b["x"]["w"]) and torch.equal(a["y"], b["y"])
+        assert a.keys() == b.keys() and torch.equal(a["x"]["w"], b["x"]["w"])
+        assert "y" not in a or torch.equal(a["y"], b["y"])  # the server holds y from round 1
     # γ ≠ 1: x ← x + γ_x (mean_k x_k − x), y ← y + γ_y (mean_k y_k − y_broadcast)
     two = on_example(DSFedDRO, DSFedDROHparams(lr=LR, gamma_x=1.3, gamma_y=1.4))
-    server = {"x": {"w": torch.tensor([1.0])}, "y": torch.tensor(2.0)}
-    server = {**server, "units": {}, "started": torch.tensor(1.0), "round": torch.tensor(4.0)}
+    server = {"x": {"w": torch.tensor([1.0])}, "y": torch.tensor(2.0), "units": {}}
     mean = {"x": {"w": torch.tensor([0.5])}, "y": torch.tensor(1.0)}
-    new = two.server_update(server, mean, {"y": torch.tensor(3.0)})
+    ctx = RoundContext(broadcast={"y": torch.tensor(3.0)}, server={"units": {}})
+    new = two.server_update(server, mean, ctx, RoundInfo(4, 2, torch.arange(2), 3, 0))
     assert float(new["x"]["w"]) == pytest.approx(1.0 + 1.3 * (0.5 - 1.0))
     assert float(new["y"]) == pytest.approx(3.0 + 1.4 * (1.0 - 3.0))
 
@@ -149,23 +152,22 @@ def test_fedavg_co_case_two_with_one_local_step_is_gradient_descent():
 
 def test_mbsgd_is_one_minibatch_gradient_step_per_round():
     data = clients()
-    upd = on_example(MBSGD, DistributedHparams(lr=0.05))
-    hist = simulate(upd, data, 1, local_steps=7)  # fixed_local_steps = 1 wins
+    upd = on_example(MBSGD, MBSGDHparams(lr=0.05))
+    hist = simulate(upd, data, 1, local_steps=7)  # mbsgd.local_steps = 1 wins
     w0 = hist[0]["x"]["w"]
     grad_phi = 4 * w0  # ∇Φ(x) = 4x on the example
     torch.testing.assert_close(hist[1]["x"]["w"], w0 - 0.05 * grad_phi, rtol=1e-14, atol=0)
-    with pytest.raises(ConfigError, match="local_steps"):
-        upd.client_step(upd.init_client(hist[0]), {}, {}, 1)
+    with pytest.raises(ConfigError, match=r"^local_steps: got 2"):
+        MBSGDHparams(local_steps=2)
 
 
 def test_step_size_drops_after_the_configured_round():
     """Paper §6: η drops to η/10 after 90 rounds; here after 3, on the MBSGD example where a
     round is exactly x ← x − η_r ∇Φ(x)."""
-    upd = on_example(MBSGD, DistributedHparams(lr=0.05, lr_decay_round=3, lr_decay=0.1))
+    upd = on_example(MBSGD, MBSGDHparams(lr=0.05, lr_decay_round=3, lr_decay=0.1))
     hist = simulate(upd, clients(), 5, 1)
     etas = [float(1 - a["x"]["w"] / b["x"]["w"]) / 4 for b, a in itertools.pairwise(hist)]
     assert etas == pytest.approx([0.05, 0.05, 0.05, 0.005, 0.005], rel=1e-12)
-    assert [float(s["round"]) for s in hist] == [0, 1, 2, 3, 4, 5]
 
 
 def test_hparams_are_validated_with_the_key_in_the_message():
@@ -180,8 +182,9 @@ def test_hparams_are_validated_with_the_key_in_the_message():
 
 
 def test_communication_per_client_per_round():
-    """d floats of x each way; FedDRO adds ȳ (p = 1) up and down after each of the I steps;
-    the KL objective adds one probe up and its shift down; a carried ȳ goes down once."""
+    """d floats of x each way; FedDRO adds ȳ (p = 1) up and down after each of the I steps
+    (the server keeps the last step's ȳ: it is not uploaded again); the KL objective adds one
+    probe up and its shift down; a carried ȳ goes down once."""
     steps = 3
     logs = {}
     for name, hp in [
@@ -195,7 +198,7 @@ def test_communication_per_client_per_round():
         d = sum(p.numel() for p in loop.server["x"].values())
     up = {k: v["comm/up_floats_per_client"] for k, v in logs.items()}
     down = {k: v["comm/down_floats_per_client"] for k, v in logs.items()}
-    assert up == {"feddro": 1 + steps + d + 1, "ds_feddro": 1 + d + 1, "fedavg_co": 1 + d,
+    assert up == {"feddro": 1 + steps + d, "ds_feddro": 1 + d + 1, "fedavg_co": 1 + d,
                   "mbsgd": 1 + d}  # fmt: skip
     assert down == {"feddro": d + 2 + steps, "ds_feddro": d + 2, "fedavg_co": d + 1,
                     "mbsgd": d + 2}  # fmt: skip

@@ -86,7 +86,7 @@ def test_comfedl_lifts_the_weight_of_the_worst_client():
     out = loop.run()
     weights = [out[f"dro/weight_client{k}"] for k in range(6)]
     assert sum(weights) == pytest.approx(1.0)
-    losses = loop.metrics["train"].compute()["loss_per_client"]
+    losses = loop.evaluate_clients.metrics["train"].compute()["loss_per_client"]
     assert int(np.argmax(weights)) == int(losses.argmax())
 
 

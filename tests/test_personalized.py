@@ -23,6 +23,9 @@ from lit_fedco.objectives.base import model_params
 from lit_fedco.objectives.dro import kl_dro_primal, kl_dro_value
 from lit_fedco.objectives.maml import maml_loss
 from lit_fedco.objectives.personalized import DAMAML, MetaLearning, PFLParams, PFLProblem
+from lit_fedco.protocol import RoundInfo
+from lit_fedco.round import make_store, run_rounds
+from lit_fedco.state import index, stack
 from lit_fedco.updaters import get_updater, project_simplex
 from tests.helpers import (
     assert_executors_agree,
@@ -174,7 +177,9 @@ def test_damaml_stable_and_literal_directions_differ_by_one_positive_factor_per_
     stable = cls(cls.hparams_cls(lr=0.1, gamma=0.2, form="stable"), model)
     literal = cls(cls.hparams_cls(lr=0.1, gamma=0.2, form="literal"), model)
     probes = torch.stack([stable.probe({"x": params}, b, {}) for b in batches]).detach()
-    ctx = stable.round_context({}, probes)
+    info = RoundInfo(0, 3, torch.arange(3), 1, 0)
+    round_ctx = stable.round_context({}, info, probes)
+    ctx = round_ctx.broadcast
     factor = 0.2 * torch.exp(-ctx["shift"] / 0.2) / ctx["norm"]
     for b in batches:
         us, _ = stable.direction(params, b, ctx)
@@ -182,7 +187,7 @@ def test_damaml_stable_and_literal_directions_differ_by_one_positive_factor_per_
         for key in params:
             torch.testing.assert_close(us[key], factor * ul[key], rtol=1e-10, atol=1e-14)
     # at the broadcast point the client weights are K softmax(L/γ): the largest loss counts most
-    assert int(ctx["weights"].argmax()) == int(probes.argmax())
+    assert int(round_ctx.logged["weights"].argmax()) == int(probes.argmax())
     # the logged step weight is the multiplier f′(L) of the MAML direction, in both forms
     meta = MetaLearning(model, PFLParams())
     for b in batches:
@@ -228,7 +233,8 @@ def test_simplex_projection_matches_brute_force():
 
 
 def run_scalar(name: str, hparams: dict, rounds: int, local_steps: int = 2):
-    """Two clients of tests/test_updaters: L_1 = w², L_2 = 2 (w − 1)², by hand (no loop)."""
+    """Two clients of tests/test_updaters: L_1 = w², L_2 = 2 (w − 1)², through the round the
+    loop runs (lit_fedco.round), full participation."""
 
     class QuadDRFL(get_updater(name)):  # type: ignore[misc, valid-type]
         def build_objective(self, model):
@@ -237,27 +243,7 @@ def run_scalar(name: str, hparams: dict, rounds: int, local_steps: int = 2):
             return Objective(model, sample_loss=quad_loss)
 
     upd = QuadDRFL(QuadDRFL.hparams_cls(**hparams), Scalar(0.0))
-    upd.num_clients = 2
-    server = upd.init_server(upd.params())
-    cohort = torch.arange(2)
-    for _ in range(rounds):
-        states = [{**upd.init_client(server), "id": torch.tensor(k)} for k in range(2)]
-        probes = torch.stack(
-            [upd.probe(s, {"inner": b}, {}) for s, b in zip(states, CLIENTS, strict=True)]
-        )
-        ctx = upd.round_context(server, probes, cohort)
-        for t in range(local_steps):
-            states = [
-                upd.client_step(s, {"inner": b}, ctx, t)[0]
-                for s, b in zip(states, CLIENTS, strict=True)
-            ]
-        ups = [upd.upload(s) for s in states]
-        mean = {
-            "x": {"w": (ups[0]["x"]["w"] + ups[1]["x"]["w"]) / 2},
-            "w": sum(u["w"] for u in ups) / 2,
-        }
-        server = upd.server_update(server, mean, ctx)
-    return server
+    return run_rounds(upd, {"inner": stack(CLIENTS)}, rounds, local_steps)[-1]
 
 
 def test_drfl_reaches_the_minimax_point_of_two_quadratics():
@@ -295,9 +281,9 @@ def test_drfl_weights_follow_the_cohorts_losses():
     probes = {}
     orig = upd.round_context
 
-    def record(server, p, cohort):
-        probes["p"], probes["cohort"] = p.clone(), cohort.clone()
-        return orig(server, p, cohort)
+    def record(server, info, p):
+        probes["p"], probes["cohort"] = p.clone(), info.cohort.clone()
+        return orig(server, info, p)
 
     upd.round_context = record  # type: ignore[method-assign]
     loop.run()
@@ -319,17 +305,10 @@ def test_ditto_personal_models_reach_their_closed_form():
 
     lam = 0.5
     upd = QuadDitto(QuadDitto.hparams_cls(lr=0.05, personal_lr=0.05, lam=lam), Scalar(0.0))
-    server = upd.init_server(upd.params())
-    personal = [upd.init_client(server)["v"] for _ in CLIENTS]
-    for _ in range(2000):
-        states = [{**upd.init_client(server), "v": v} for v in personal]
-        for t in range(1):  # one local step: FedAvg is then gradient descent on the mean
-            states = [
-                upd.client_step(s, {"inner": b}, {}, t)[0]
-                for s, b in zip(states, CLIENTS, strict=True)
-            ]
-        personal = [s["v"] for s in states]
-        server = {"x": {"w": sum(s["x"]["w"] for s in states) / 2}}
+    store = make_store(upd, upd.init_server(upd.params(), 2), 2)
+    # one local step: FedAvg is then gradient descent on the mean
+    server = run_rounds(upd, {"inner": stack(CLIENTS)}, 2000, 1, store=store)[-1]
+    personal = [index(store.rows["personal"], k) for k in range(2)]
     w = float(server["x"]["w"])
     assert w == pytest.approx(2 / 3, abs=1e-8)  # argmin w² + 2(w − 1)²
     for v, (s, t) in zip(personal, [(1.0, 0.0), (2.0, 1.0)], strict=True):
@@ -358,11 +337,11 @@ def test_evaluation_adapts_each_client_on_its_own_support_rows():
     support rows: recomputed here by hand with torch.autograd."""
     loop = pfl_loop("fedavg", {"lr": 0.1})
     loop.run()
-    per_client = loop.last_per_client
+    per_client = loop.evaluate_clients.last_per_client
     data, x = loop.data, loop.server["x"]
     model = loop.updater.model
-    for i, k in enumerate(loop.eval_clients.tolist()):
-        rows = loop._eval_support[i]
+    for i, k in enumerate(loop.evaluate_clients.clients.tolist()):
+        rows = loop.evaluate_clients.support[i]
         lo, hi = int(data.train_offsets[k]), int(data.train_offsets[k + 1])
         assert ((rows >= lo) & (rows < hi)).all()  # the client's own rows
         p = {n: t.clone().requires_grad_(True) for n, t in x.items()}
@@ -375,20 +354,20 @@ def test_evaluation_adapts_each_client_on_its_own_support_rows():
         acc = float((pred == data.y_val[vlo:vhi]).double().mean())
         assert float(per_client[k]) == pytest.approx(acc, abs=1e-12)
     # and the support rows are the same at every evaluation
-    again = loop._support_rows(12)
-    assert torch.equal(again, loop._eval_support)
+    again = loop.evaluate_clients._support_rows(12)
+    assert torch.equal(again, loop.evaluate_clients.support)
 
 
 def test_ditto_is_evaluated_with_its_persistent_personal_models():
     loop = pfl_loop("ditto", {"lr": 0.1, "personal_lr": 0.1, "lam": 0.5}, rounds=3, cohort=3)
     loop.run()
-    personal = loop.personal_params()
-    for key, v in loop.clients["v"].items():
-        torch.testing.assert_close(personal[key], v[loop.eval_clients])
+    personal = loop.evaluate_clients.personal_params(loop.server, loop.store)
+    for key, v in loop.store.rows["personal"].items():
+        torch.testing.assert_close(personal[key], v[loop.evaluate_clients.clients])
     # clients that took part moved away from x⁰; the others kept x⁰
     x0 = loop.updater.params()
     moved = [
-        not torch.allclose(loop.clients["v"]["fc1.weight"][k].float(), x0["fc1.weight"])
+        not torch.allclose(loop.store.rows["personal"]["fc1.weight"][k].float(), x0["fc1.weight"])
         for k in range(5)
     ]
     assert any(moved)

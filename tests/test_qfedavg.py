@@ -9,6 +9,8 @@ from torch import nn
 
 from lit_fedco.errors import ConfigError
 from lit_fedco.objectives import Objective
+from lit_fedco.round import run_rounds
+from lit_fedco.state import stack
 from lit_fedco.updaters import QFedAvg, QFedAvgHparams
 from tests.helpers import assert_executors_agree, flat_server, make_loop
 
@@ -71,21 +73,12 @@ def by_hand(q: float) -> np.ndarray:
 
 
 def one_round(upd: QFedAvg) -> np.ndarray:
-    """The same round through the updater's methods, the cohort mean taken as the loop does."""
-    server = upd.init_server(upd.params())
-    uploads = []
-    for client in BATCHES:
-        state = upd.init_client(server)
-        for t, rows in enumerate(client):
-            state, _ = upd.client_step(state, torch_batch(rows), {}, t)
-        uploads.append(upd.upload(state))
-    mean = {
-        "delta": {k: sum(up["delta"][k] for up in uploads) / 2 for k in ("a", "b")},
-        "h": sum(up["h"] for up in uploads) / 2,
-    }
-    new = upd.server_update(server, mean, {})
-    assert set(new) == {"x"}
-    return np.array([float(new["x"]["a"]), float(new["x"]["b"])])
+    """The same round through the round the loop runs (lit_fedco.round): client k's step-t
+    batch is BATCHES[k][t]."""
+    steps = [stack([torch_batch(client[t]) for client in BATCHES]) for t in range(len(BATCHES[0]))]
+    hist = run_rounds(upd, lambda t: steps[t], 1, len(steps))
+    assert set(hist[-1]) == {"x"}
+    return np.array([float(hist[-1]["x"]["a"]), float(hist[-1]["x"]["b"])])
 
 
 @pytest.mark.parametrize("q", [0.5, 2.0])

@@ -9,7 +9,9 @@ import torch
 from torch import nn
 from torch.func import grad
 
+from lit_fedco import round as round_
 from lit_fedco.objectives.dro import ClientKLDRO, kl_dro_value
+from lit_fedco.state import stack
 from lit_fedco.updaters import ComFedL, ComFedLHparams, FedAvg, Hparams
 
 
@@ -43,23 +45,9 @@ CLIENTS = [
 
 
 def run_rounds(upd, rounds: int, local_steps: int) -> float:
-    server = upd.init_server(upd.params())
-    for _ in range(rounds):
-        states = [upd.init_client(server) for _ in CLIENTS]
-        probes = None
-        if upd.uses_probe:
-            probes = torch.stack(
-                [upd.probe(s, {"inner": b}, {}) for s, b in zip(states, CLIENTS, strict=True)]
-            )
-        ctx = upd.round_context(server, probes)
-        for t in range(local_steps):
-            states = [
-                upd.client_step(s, {"inner": b}, ctx, t)[0]
-                for s, b in zip(states, CLIENTS, strict=True)
-            ]
-        mean = {"x": {"w": sum(s["x"]["w"] for s in states) / len(states)}}
-        server = upd.server_update(server, mean, ctx)
-    return float(server["x"]["w"])
+    """Full participation through the round the loop runs (lit_fedco.round)."""
+    batches = {"inner": stack(CLIENTS)}
+    return float(round_.run_rounds(upd, batches, rounds, local_steps)[-1]["x"]["w"])
 
 
 def dro_minimiser(gamma: float) -> float:

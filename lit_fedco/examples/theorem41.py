@@ -32,17 +32,17 @@ objective is replaced by the one above.
 from __future__ import annotations
 
 import sys
-from functools import partial
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 from torch.func import grad
 
-from lit_fedco.executors import Executor, SequentialExecutor, VectorizedExecutor
+from lit_fedco.executors import Executor
 from lit_fedco.objectives.base import Batch, Context, Params
 from lit_fedco.objectives.distributed import DistributedObjective
-from lit_fedco.state import State, broadcast, stack, tree_map
+from lit_fedco.round import run_rounds
+from lit_fedco.state import State, stack
 from lit_fedco.updaters.base import CompositionalUpdater, Hparams
 from lit_fedco.updaters.feddro import (
     DSFedDRO,
@@ -128,46 +128,23 @@ def simulate(
     server: State | None = None,
     executor: Executor | None = None,
 ) -> list[State]:
-    """Run ``rounds`` rounds of ``upd`` with every client, in the order of the
-    :class:`~lit_fedco.loop.FederatedLoop` (broadcast, probe, I local steps with the per-step
-    mean of ``step_keys``, mean of the uploads, server update), in one process.
+    """Run ``rounds`` rounds of ``upd`` with every client in one process, through the same
+    round as the loop (:func:`lit_fedco.round.run_rounds`).
 
     Args:
         upd: the updater.
         data: one batch per client, used for every role and step (deterministic).
-        rounds: S. local_steps: I (``upd.fixed_local_steps`` wins).
+        rounds: S. local_steps: I (the updater's own ``local_steps`` wins, e.g. MBSGD's 1).
         server: the server state to start from (default: ``upd.init_server``).
-        executor: how clients run (default: vectorized, as in the loop).
+        executor: how clients run (default: sequential).
 
     Returns:
         The server state before the first round and after each round.
     """
-    ex = executor or VectorizedExecutor()
-    steps = upd.fixed_local_steps or local_steps
-    server = server if server is not None else upd.init_server(upd.params())
-    history = [server]
-    k = len(data)
     stacked = stack(data)
     batches = {role: stacked for role in upd.batch_roles}
-    for _ in range(rounds):
-        states = broadcast(upd.init_client(server), k)
-        probes = None
-        if upd.uses_probe:
-            probes = ex.map(lambda s, b, c: upd.probe(s, b, c), states, batches, {}, k)
-        ctx = upd.round_context(server, probes)
-        for t in range(steps):
-            states = ex.map(partial(_step, upd, t), states, batches, ctx, k)
-            if upd.step_keys:
-                mean = {key: tree_map(lambda v: v.mean(0), states[key]) for key in upd.step_keys}
-                states = {**states, **broadcast(mean, k)}
-        ups = ex.map(lambda s, b, c: upd.upload(s), states, None, ctx, k)
-        server = upd.server_update(server, tree_map(lambda v: v.mean(0), ups), ctx)
-        history.append(server)
-    return history
-
-
-def _step(upd: CompositionalUpdater, t: int, s: State, b: Any, c: Any) -> Any:
-    return upd.client_step(s, b, c, t)[0]
+    steps = upd.hparams.local_steps or local_steps
+    return run_rounds(upd, batches, rounds, steps, server=server, executor=executor)
 
 
 def methods(lr: float = LR) -> dict[str, CompositionalUpdater]:
@@ -197,7 +174,7 @@ def run(
     data = clients()
     out: dict[str, list[float]] = {}
     for name, upd in methods(lr).items():
-        hist = simulate(upd, data, rounds, local_steps, executor=SequentialExecutor())
+        hist = simulate(upd, data, rounds, local_steps)
         out[name] = [true_grad_norm(upd, s["x"], data) for s in hist]
     return out
 

@@ -20,6 +20,7 @@ from torch import Tensor, nn
 from torch.func import functional_call
 
 from lit_fedco.errors import ConfigError
+from lit_fedco.protocol import RoundContext
 
 if TYPE_CHECKING:
     from torchmetrics import Metric
@@ -105,9 +106,9 @@ class Objective:
         """A per-client scalar computed at the broadcast point before local steps, or None."""
         return None
 
-    def round_context(self, probes: Tensor) -> Context:
+    def round_context(self, probes: Tensor) -> RoundContext:
         """Round context from the cohort's probe values (a 1-D tensor, one per cohort client)."""
-        return {}
+        return RoundContext()
 
     def client_weights(self, losses: Tensor) -> Tensor | None:
         """Implied client weights at per-client losses ``losses`` [K] (DRO objectives), or None."""

@@ -60,6 +60,7 @@ from torch.func import grad
 
 from lit_fedco.errors import ConfigError
 from lit_fedco.objectives.base import Batch, Context, Objective, Params, cross_entropy
+from lit_fedco.protocol import RoundContext
 
 DISTRIBUTED_OBJECTIVES = ("kl", "chi2")
 
@@ -197,8 +198,8 @@ class DistributedObjective(Objective):
         """An inner value carried in units ``old``, expressed in units ``new``."""
         return y
 
-    def round_context(self, probes: Tensor) -> Context:
-        return self.units(probes)
+    def round_context(self, probes: Tensor) -> RoundContext:
+        return RoundContext(broadcast=self.units(probes))
 
     def describe(self) -> dict[str, Any]:
         return {"objective": type(self).__name__, "lam": self.lam}

@@ -31,6 +31,7 @@ from torch import Tensor, nn
 
 from lit_fedco.errors import ConfigError
 from lit_fedco.objectives.base import Batch, Context, Objective, Params, cross_entropy
+from lit_fedco.protocol import RoundContext
 
 FORMS = ("stable", "literal")
 
@@ -69,11 +70,13 @@ def exp_outer(loss: Tensor, gamma: float, form: str, ctx: Context) -> Tensor:
     return gamma * torch.exp((loss - ctx["shift"]) / gamma) / ctx["norm"]
 
 
-def kl_round_context(probes: Tensor, gamma: float) -> Context:
-    """The stable form's shift and normaliser from the cohort's losses at the broadcast model,
-    and the implied weights ``softmax(L/γ)`` (logged)."""
+def kl_round_context(probes: Tensor, gamma: float) -> RoundContext:
+    """The stable form's shift and normaliser from the cohort's losses at the broadcast model
+    (broadcast), and the implied weights ``softmax(L/γ)`` (logged)."""
     c, z = shift_and_norm(probes, gamma)
-    return {"shift": c, "norm": z, "weights": kl_dro_weights(probes, gamma)}
+    return RoundContext(
+        broadcast={"shift": c, "norm": z}, logged={"weights": kl_dro_weights(probes, gamma)}
+    )
 
 
 class ClientKLDRO(Objective):
@@ -114,7 +117,7 @@ class ClientKLDRO(Objective):
         """The client's loss at the broadcast model on its first batch of the round."""
         return self.losses(params, batch).mean()
 
-    def round_context(self, probes: Tensor) -> Context:
+    def round_context(self, probes: Tensor) -> RoundContext:
         """Shift and normaliser for the stable form, and the implied weights for logging."""
         return kl_round_context(probes, self.gamma)
 

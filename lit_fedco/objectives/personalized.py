@@ -45,6 +45,7 @@ from lit_fedco.objectives.base import (
 )
 from lit_fedco.objectives.dro import FORMS, exp_outer, kl_dro_weights, kl_round_context
 from lit_fedco.objectives.maml import adapt, maml_loss
+from lit_fedco.protocol import RoundContext
 
 
 @dataclass(frozen=True)
@@ -166,7 +167,7 @@ class DAMAML(MetaLearning):
     def value(self, params: Params, batches: dict[str, Batch], ctx: Context) -> Tensor:
         return exp_outer(self.meta_loss(params, batches), self.gamma, self.form, ctx)
 
-    def round_context(self, probes: Tensor) -> Context:
+    def round_context(self, probes: Tensor) -> RoundContext:
         """Shift, normaliser and implied weights from the cohort's post-adaptation losses."""
         return kl_round_context(probes, self.gamma)
 

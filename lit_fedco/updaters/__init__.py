@@ -29,6 +29,7 @@ from lit_fedco.updaters.feddro import (
     FedAvgCOHparams,
     FedDRO,
     FedDROHparams,
+    MBSGDHparams,
 )
 from lit_fedco.updaters.personal import Ditto, DittoHparams, FedMAML, FedMAMLHparams
 from lit_fedco.updaters.qfedavg import QFedAvg, QFedAvgHparams
@@ -66,6 +67,7 @@ __all__ = [
     "LocalSCGD",
     "LocalSCGDHparams",
     "LocalSCGDM",
+    "MBSGDHparams",
     "QFedAvg",
     "QFedAvgHparams",
     "available_updaters",

@@ -3,28 +3,30 @@
 An updater is a client rule (one local step on one client's state, a pure function that the
 executors vmap or loop over) plus a communication rule (what is averaged and what the server
 does with it). Writing a new method means overriding :meth:`CompositionalUpdater.client_step`
-and, where the server does more than average, :meth:`CompositionalUpdater.server_update`.
+and, where the server does more than average, :meth:`CompositionalUpdater.server_update`; how
+each state entry travels is declared in :attr:`CompositionalUpdater.client_state`.
 
-The loop calls, per round (``DESIGN.md``, "The data flow of one run")::
+The round (:func:`lit_fedco.round.federated_round`, written once) calls::
 
-    state   = init_client(server)                  # broadcast to every cohort client
-    ctx     = round_context(server, probes)        # probes: objective.probe at the broadcast x
+    state   = init_client(server, info)                       # broadcast to every cohort client
+    ctx     = round_context(server, info, probes)              # probes only if :attr:`probes`
     for t in range(I):
-        state, logs = client_step(state, batches_t, ctx, t)      # every cohort client
-        state[k] = cohort mean of state[k] for k in step_keys    # per-step communication
-    server  = server_update(server, cohort mean of upload(state), ctx)
+        state, logs = client_step(state, batches_t, ctx.broadcast, t)    # every cohort client
+        state[k] = cohort mean of state[k] for k declared Sync.STEP       # per-step communication
+    server  = server_update(server, cohort mean of upload(state), ctx, info)
 """
 
 from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Generic, TypeVar
 
 from torch import Tensor, nn
 
 from lit_fedco.errors import ConfigError
 from lit_fedco.objectives.base import Batch, Context, Objective, model_params
+from lit_fedco.protocol import RoundContext, RoundInfo, Sync
 from lit_fedco.state import State
 
 
@@ -34,9 +36,12 @@ class Hparams:
 
     Attributes:
         lr: η, the client step size.
+        local_steps: I for this method, or 0 to take the run's ``local_steps`` (MBSGD and the
+            "parallel" baselines are defined with one step per round).
     """
 
     lr: float = 0.01
+    local_steps: int = 0
 
     def __post_init__(self) -> None:
         self.validate()
@@ -44,6 +49,9 @@ class Hparams:
     def validate(self) -> None:
         """Check ranges; raise :class:`ConfigError` naming the key. Extend in subclasses."""
         self.require("lr", self.lr > 0, "a float > 0", "0.01")
+        self.require(
+            "local_steps", self.local_steps >= 0, "an int >= 0 (0: the run's local_steps)", "0"
+        )
 
     def require(self, field: str, ok: bool, expected: str, example: str) -> None:
         """Raise a :class:`ConfigError` for ``field`` unless ``ok``."""
@@ -51,12 +59,15 @@ class Hparams:
             raise ConfigError.bad_value(field, getattr(self, field), expected, example)
 
 
-class CompositionalUpdater:
-    """Base class of every federated algorithm.
+H = TypeVar("H", bound=Hparams)
 
-    Subclasses set :attr:`name` (via :func:`register`), :attr:`hparams_cls`, and override
-    :meth:`client_step`; optionally :meth:`build_objective`, :meth:`init_server`,
-    :meth:`init_client`, :meth:`upload` and :meth:`server_update`.
+
+class CompositionalUpdater(Generic[H]):
+    """Base class of every federated algorithm, generic in its hyperparameters ``H``.
+
+    Subclasses set :attr:`name` (via :func:`register`), :attr:`hparams_cls`, declare
+    :attr:`client_state`, and override :meth:`client_step`; where needed also
+    :meth:`init_client`, :meth:`round_context`, :meth:`upload` and :meth:`server_update`.
 
     Args:
         hparams: an instance of :attr:`hparams_cls`.
@@ -68,35 +79,33 @@ class CompositionalUpdater:
 
     name: ClassVar[str] = ""
     hparams_cls: ClassVar[type[Hparams]] = Hparams
-    batch_roles: ClassVar[tuple[str, ...]] = ("inner",)
-    """Independent minibatches each client draws per local step (e.g. ``("inner", "outer")``)."""
-    step_keys: ClassVar[tuple[str, ...]] = ()
-    """Client-state entries replaced by their cohort mean after every local step (FedDRO's ȳ)."""
-    persistent_keys: ClassVar[tuple[str, ...]] = ()
-    """Client-state entries each client keeps across rounds (Ditto's personal model): restored
-    at the start of every round the client takes part in, instead of being broadcast."""
+    client_state: ClassVar[dict[str, Sync]] = {"x": Sync.ROUND}
+    """How each client-state entry travels (:class:`~lit_fedco.protocol.Sync`); entries not
+    named are :attr:`Sync.LOCAL`. The default uploads x for averaging."""
+    roles: ClassVar[tuple[str, ...]] = ()
+    """Independent minibatches each client draws per local step (e.g. ``("grad", "value")``);
+    empty: the objective's (``("inner",)``, and ``"outer"`` when its outer function reads a
+    batch of its own). The instance's :attr:`batch_roles` is the resolved tuple."""
     compositions: ClassVar[tuple[str, ...]] = ("erm", "local", "distributed", "conditional")
     """Objective kinds this updater applies to."""
-    fixed_local_steps: ClassVar[int | None] = None
-    """Local steps per round this method is defined with (MBSGD: 1), or None to take the run's
-    ``local_steps``; the runner applies it."""
-    client_id_key: ClassVar[str] = ""
-    """If set, the loop writes each client's id k (an int64 0-d tensor) into its state under
-    this key at the start of every round (DRFL reads its own weight λ_k with it). The id is the
-    client's own knowledge, not communication."""
-    num_clients: int = 0
-    """K, the number of clients; the loop sets it before :meth:`init_server` (DRFL keeps a
-    weight per client in the server state)."""
+    needs_probe: ClassVar[bool] = False
+    """Whether :meth:`probe` runs every round even when the objective has none (DRFL's
+    losses at the broadcast point)."""
+    weights_key: ClassVar[str] = ""
+    """The server-state entry holding explicit client weights λ (DRFL), logged at every
+    evaluation; empty: the objective's implied weights, if any."""
+    probe_role: ClassVar[str] = "inner"
+    """The minibatch of step 0 that the objective's probe reads."""
+    broadcast_keys: ClassVar[tuple[str, ...]] = ("x",)
+    """Server-state entries every cohort client starts the round from (those present)."""
 
-    def __init__(
-        self, hparams: Hparams, model: nn.Module, objective: Objective | None = None
-    ) -> None:
+    def __init__(self, hparams: H, model: nn.Module, objective: Objective | None = None) -> None:
         if not isinstance(hparams, self.hparams_cls):
             raise ConfigError(
                 f"{self.name or type(self).__name__}: hyperparameters must be a "
                 f"{self.hparams_cls.__name__}, got {type(hparams).__name__}"
             )
-        self.hparams = hparams
+        self.hparams: H = hparams
         self.model = model
         self.objective = objective if objective is not None else self.build_objective(model)
         if self.objective.composition not in self.compositions:
@@ -104,19 +113,30 @@ class CompositionalUpdater:
                 f"{self.name}: objective {type(self.objective).__name__} is "
                 f"{self.objective.composition!r}, expected one of {self.compositions}"
             )
+        self.batch_roles: tuple[str, ...] = self.roles or (
+            ("inner", "outer") if self.objective.outer_needs_batch else ("inner",)
+        )
 
     # ------------------------------------------------------------------ set-up
     def build_objective(self, model: nn.Module) -> Objective:
         """The objective this updater minimises; plain empirical risk by default."""
         return Objective(model)
 
-    def init_server(self, params: dict[str, Tensor]) -> State:
-        """Server state at round 0 from the initial parameters; ``{"x": params}`` by default."""
+    def init_server(self, params: dict[str, Tensor], num_clients: int) -> State:
+        """Server state at round 0 from the initial parameters; ``{"x": params}`` by default.
+
+        Args:
+            params: the model's initial parameters.
+            num_clients: K (DRFL keeps a weight per client).
+        """
         return {"x": {k: v.clone() for k, v in params.items()}}
 
-    def init_client(self, server: State) -> State:
-        """One client's state at the start of a round (what is broadcast). Default: ``x``."""
-        return {"x": server["x"]}
+    def init_client(self, server: State, info: RoundInfo) -> State:
+        """One client's state at the start of a round (what is broadcast): by default the
+        server's entries named in :attr:`broadcast_keys`. Entries declared :attr:`Sync.KEEP`
+        are the initial values of a client's first round; later rounds restore them from the
+        client's store."""
+        return {k: server[k] for k in self.broadcast_keys if k in server}
 
     # ------------------------------------------------------------------ client side
     def client_step(
@@ -125,9 +145,10 @@ class CompositionalUpdater:
         """One local step of one client. Pure: no in-place updates, no communication.
 
         Args:
-            state: this client's state (unbatched leaves).
+            state: this client's state (unbatched leaves), with its row of the round
+                context's ``per_client`` entries.
             batches: one minibatch per role in :attr:`batch_roles`.
-            ctx: the round context (same for every client).
+            ctx: what the round context broadcasts (the same for every client).
             step: the local step index t in [0, I).
 
         Returns:
@@ -136,40 +157,47 @@ class CompositionalUpdater:
         raise NotImplementedError(f"{type(self).__name__} must implement client_step")
 
     @property
-    def uses_probe(self) -> bool:
-        """Whether the loop runs :meth:`probe` at the start of each round (one all-reduce)."""
-        return self.objective.has_probe
+    def probes(self) -> bool:
+        """Whether the round runs :meth:`probe` on every cohort client (one collective)."""
+        return self.needs_probe or self.objective.has_probe
 
     def probe(self, state: State, batches: dict[str, Batch], ctx: Context) -> Tensor | None:
-        """A tensor per client at the broadcast point, on the round's first batches; the loop
-        gathers the cohort's values (``[m, ...]``) for :meth:`round_context`. The objective
-        decides by default."""
-        return self.objective.probe(state["x"], batches["inner"], ctx)
+        """A tensor per client at the broadcast point, on the round's first batches; the round
+        gathers the cohort's values (``[m, ...]``) for :meth:`round_context`. By default the
+        objective's probe on the :attr:`probe_role` batch, or, for an objective without one,
+        the client's loss ``F_k(x̄)`` on those batches (DRFL's and TR-MAML's ascent)."""
+        if not self.objective.has_probe:
+            return self.objective.value(state["x"], batches, ctx)
+        return self.objective.probe(state["x"], batches[self.probe_role], ctx)
 
     def upload(self, state: State) -> State:
-        """What a client sends at the end of the round; averaged over the cohort."""
-        return {"x": state["x"]}
+        """What a client sends at the end of the round; averaged over the cohort. Default:
+        the entries declared :attr:`Sync.ROUND` (those the state holds)."""
+        return {k: state[k] for k, s in self.client_state.items() if s is Sync.ROUND and k in state}
 
     # ------------------------------------------------------------------ server side
-    def round_context(
-        self, server: State, probes: Tensor | None, cohort: Tensor | None = None
-    ) -> Context:
-        """Round context from the cohort's probe values (None without a probe), in the order of
-        ``cohort`` (the sorted client ids of the round). Every entry except ``"weights"``
-        (logged only) and those whose key starts with ``_`` (kept on the server for
-        :meth:`server_update`) counts as broadcast communication."""
+    def round_context(self, server: State, info: RoundInfo, probes: Tensor | None) -> RoundContext:
+        """The round's context from the cohort's probe values (``[m, ...]`` in the order of
+        ``info.cohort``; None when the method does not probe). The objective's by default
+        (the DRO shift and normaliser)."""
         if probes is None:
-            return {}
+            return RoundContext()
         return self.objective.round_context(probes)
 
-    def server_update(self, server: State, mean: State, ctx: Context) -> State:
-        """New server state from the cohort mean of the uploads; replaces by default."""
-        return {**server, **mean}
+    def server_update(
+        self, server: State, mean: State, ctx: RoundContext, info: RoundInfo
+    ) -> State:
+        """New server state from the cohort means (of the uploads, and of the entries synced
+        every step); by default they and ``ctx.server`` replace the server's entries."""
+        return {**server, **ctx.server, **mean}
 
     def client_weights(self, server: State, losses: Tensor) -> Tensor | None:
         """Per-client weights logged at evaluation (``dro/weight_client{k}``), given every
         client's training loss ``[K]``: the objective's implied weights by default (ComFedL's
-        softmax(L/γ)); DRFL and TR-MAML log their explicit λ. None: nothing to log."""
+        softmax(L/γ)), or the server's explicit λ under :attr:`weights_key` (DRFL, TR-MAML).
+        None: nothing to log."""
+        if self.weights_key:
+            return server[self.weights_key]
         return self.objective.client_weights(losses)
 
     def eval_params(self, server: State) -> dict[str, Tensor]:
@@ -179,24 +207,27 @@ class CompositionalUpdater:
     # ------------------------------------------------------------------ personalisation
     @property
     def personalizes(self) -> bool:
-        """Whether each client is evaluated with its own parameters
-        (:meth:`personal_params`) instead of the shared :meth:`eval_params`: when the objective
-        adapts before evaluation (personalised FL), or the method keeps personal models."""
-        return self.objective.eval_adapt_steps > 0
+        """Whether each client is evaluated with its own parameters (:meth:`personal_params`)
+        instead of the shared :meth:`eval_params`: when the objective adapts before evaluation
+        (personalised FL), or the method keeps a personal model (a :attr:`Sync.KEEP` entry
+        ``"personal"``)."""
+        return self.objective.eval_adapt_steps > 0 or "personal" in self.client_state
 
     def personal_params(self, state: State, support: Batch, ctx: Context) -> dict[str, Tensor]:
         """One client's parameters at evaluation (personalised FL, ComFedL §5.2).
 
         Args:
-            state: ``{"x": eval_params(server)}`` plus the client's persistent entries.
+            state: ``{"x": eval_params(server)}`` plus the client's kept entries.
             support: the client's fixed evaluation support batch (its own training rows).
             ctx: empty.
 
         Returns:
-            By default the objective's adaptation of x on the support batch (one or a few
-            gradient steps, :meth:`~lit_fedco.objectives.Objective.adapt_for_eval`); Ditto
-            returns its personal model.
+            The client's kept personal model when it has one (Ditto), else the objective's
+            adaptation of x on the support batch (one or a few gradient steps,
+            :meth:`~lit_fedco.objectives.Objective.adapt_for_eval`).
         """
+        if "personal" in state:
+            return state["personal"]
         return self.objective.adapt_for_eval(state["x"], support)
 
     # ------------------------------------------------------------------ helpers
@@ -205,7 +236,8 @@ class CompositionalUpdater:
         return model_params(self.model)
 
     def describe(self) -> dict[str, Any]:
-        """Logged with the run's config: the updater, its hyperparameters, the objective."""
+        """Logged with the run's config, under ``updater/``: the updater, its hyperparameters,
+        the objective."""
         return {
             "updater": self.name,
             **dataclasses.asdict(self.hparams),

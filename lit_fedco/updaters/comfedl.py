@@ -26,7 +26,7 @@ from lit_fedco.objectives.base import Batch, Context, Objective
 from lit_fedco.objectives.dro import FORMS, ClientKLDRO, exp_outer
 from lit_fedco.objectives.personalized import DAMAML, MetaLearning, PFLParams
 from lit_fedco.state import State, tree_axpy, tree_map
-from lit_fedco.updaters.base import CompositionalUpdater, Hparams, register
+from lit_fedco.updaters.base import CompositionalUpdater, H, Hparams, register
 
 
 @dataclass(frozen=True)
@@ -50,16 +50,12 @@ class ComFedLHparams(Hparams):
 
 
 @register("comfedl")
-class ComFedL(CompositionalUpdater):
-    """ComFedL, Algorithm 1, on a local compositional objective (KL-DRO by default)."""
+class ComFedL(CompositionalUpdater[H]):
+    """ComFedL, Algorithm 1, on a local compositional objective (KL-DRO by default). Each
+    step draws B for the inner value, and B̃ for the outer gradient when f reads data."""
 
     hparams_cls: ClassVar[type[Hparams]] = ComFedLHparams
     compositions: ClassVar[tuple[str, ...]] = ("local",)
-
-    @property
-    def batch_roles(self) -> tuple[str, ...]:  # type: ignore[override]
-        """B for the inner value, and B̃ for the outer gradient when f reads data."""
-        return ("inner", "outer") if self.objective.outer_needs_batch else ("inner",)
 
     def build_objective(self, model: nn.Module) -> Objective:
         hp = self.hparams
@@ -100,7 +96,7 @@ def _meta_objective(model: nn.Module, objective: Objective | None) -> MetaLearni
 
 
 @register("comfedl_maml")
-class ComFedLMAML(ComFedL):
+class ComFedLMAML(ComFedL[H]):
     """ComFedL-MAML: Algorithm 1 on the MAML composition (ComFedL eq. 7, §5.2).
 
     With ``g_k(x; B) = x − α ∇L_k(x; B)`` and ``f_k(y; B̃) = L_k(y; B̃)`` the step is::
@@ -116,9 +112,7 @@ class ComFedLMAML(ComFedL):
 
     hparams_cls = Hparams
 
-    def __init__(
-        self, hparams: Hparams, model: nn.Module, objective: Objective | None = None
-    ) -> None:
+    def __init__(self, hparams: H, model: nn.Module, objective: Objective | None = None) -> None:
         super().__init__(hparams, model, _meta_objective(model, objective))
 
     def client_step(
@@ -133,7 +127,7 @@ class ComFedLMAML(ComFedL):
 
 
 @register("comfedl_damaml")
-class ComFedLDAMAML(ComFedLMAML):
+class ComFedLDAMAML(ComFedLMAML[ComFedLHparams]):
     """ComFedL-DAMAML: Algorithm 1 on DA-MAML (ComFedL eq. 10, §5.2)::
 
         u = exp(L_k(y; B̃)/γ)/γ · (I − α ∇²L_k(x; B)) ∇L_k(y; B̃),  y = x − α ∇L_k(x; B)
@@ -165,7 +159,6 @@ class ComFedLDAMAML(ComFedLMAML):
         shift."""
         new, logs = super().client_step(state, batches, ctx, step)
         hp = self.hparams
-        assert isinstance(hp, ComFedLHparams)
         logs["step_weight"] = exp_outer(logs["loss"], hp.gamma, hp.form, ctx) / hp.gamma
         return new, logs
 

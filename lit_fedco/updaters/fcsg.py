@@ -32,13 +32,14 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 from torch.func import grad, grad_and_value
 
-from lit_fedco.objectives.base import Batch, Context, Params
+from lit_fedco.objectives.base import Batch, Context, Objective, Params
 from lit_fedco.objectives.conditional import AUCMinMax, ConditionalObjective, plugin_gradient
+from lit_fedco.protocol import RoundContext, RoundInfo, Sync
 from lit_fedco.state import State, tree_axpy, tree_leaves, tree_map, tree_scale, tree_sub
-from lit_fedco.updaters.base import CompositionalUpdater, Hparams, register
+from lit_fedco.updaters.base import CompositionalUpdater, H, Hparams, register
 
 
 # ---------------------------------------------------------------------- pure update rules
@@ -87,7 +88,7 @@ class FCSGMHparams(Hparams):
 
 
 # ---------------------------------------------------------------------- FCSG family
-class _Conditional(CompositionalUpdater):
+class _Conditional(CompositionalUpdater[H]):
     """Shared by the FCSG family: the conditional objective and its plug-in gradient."""
 
     compositions: ClassVar[tuple[str, ...]] = ("conditional",)
@@ -99,7 +100,7 @@ class _Conditional(CompositionalUpdater):
 
 
 @register("fcsg")
-class FCSG(_Conditional):
+class FCSG(_Conditional[FCSGHparams]):
     """FCSG (Algorithm 1): ``x ← x − α ∇F̂(x; S)``; x averaged every I steps.
 
     Its direction has no memory, so Algorithm 1's larger first batch would change one step
@@ -115,20 +116,19 @@ class FCSG(_Conditional):
         return {"x": tree_axpy(-self.hparams.lr, g, state["x"])}, {"loss": loss}
 
 
-class _Momentum(_Conditional):
+class _Momentum(_Conditional[FCSGMHparams]):
     """The momentum methods: state x and v, v averaged with x; u₁ from B samples."""
 
     hparams_cls = FCSGMHparams
+    client_state: ClassVar[dict[str, Sync]] = {"x": Sync.ROUND, "v": Sync.ROUND}
+    broadcast_keys: ClassVar[tuple[str, ...]] = ("x", "v")
 
-    @property
-    def batch_roles(self) -> tuple[str, ...]:  # type: ignore[override]
-        """The step's batch and the ``init_batches − 1`` extra batches of u₁."""
-        hp = self.hparams
-        assert isinstance(hp, FCSGMHparams)
-        return ("inner", *(f"init{i}" for i in range(1, hp.init_batches)))
-
-    def init_client(self, server: State) -> State:
-        return {key: server[key] for key in ("x", "v") if key in server}
+    def __init__(
+        self, hparams: FCSGMHparams, model: nn.Module, objective: Objective | None = None
+    ) -> None:
+        super().__init__(hparams, model, objective)
+        # the step's batch and the ``init_batches − 1`` extra batches of u₁
+        self.batch_roles = ("inner", *(f"init{i}" for i in range(1, hparams.init_batches)))
 
     def first_direction(
         self, x: Params, batches: dict[str, Batch], ctx: Context
@@ -136,9 +136,6 @@ class _Momentum(_Conditional):
         """``u₁ = (1/B) Σ_i ∇F̂(x₀; ξ_i, B_i)`` over every role's batch (Alg. 1/2 line 2)."""
         outs = [self.plugin(x, batches[role], ctx) for role in self.batch_roles]
         return mean_of([g for g, _ in outs]), torch.stack([v for _, v in outs]).mean()
-
-    def upload(self, state: State) -> State:
-        return {"x": state["x"], "v": state["v"]}
 
 
 @register("fcsg_m")
@@ -149,7 +146,6 @@ class FCSGM(_Momentum):
         self, state: State, batches: dict[str, Batch], ctx: Context, step: int
     ) -> tuple[State, dict[str, Tensor]]:
         hp = self.hparams
-        assert isinstance(hp, FCSGMHparams)
         x = state["x"]
         if "v" in state:
             g, loss = self.plugin(x, batches["inner"], ctx)
@@ -165,16 +161,18 @@ class AccFCSGM(_Momentum):
     ``v ← ∇F̂(x; S) + (1−β)(v − ∇F̂(x⁻; S))`` with x⁻ the client's own previous iterate and
     the same samples S at both points; ``x⁻ ← x``, ``x ← x − α v``."""
 
-    persistent_keys: ClassVar[tuple[str, ...]] = ("x_prev",)
+    client_state: ClassVar[dict[str, Sync]] = {
+        "x": Sync.ROUND, "v": Sync.ROUND, "x_prev": Sync.KEEP
+    }  # fmt: skip
 
-    def init_client(self, server: State) -> State:
-        return {**super().init_client(server), "x_prev": server["x"]}
+    def init_client(self, server: State, info: RoundInfo) -> State:
+        """x and v from the server; x⁻ starts at x⁰ (later rounds: the client's own)."""
+        return {**super().init_client(server, info), "x_prev": server["x"]}
 
     def client_step(
         self, state: State, batches: dict[str, Batch], ctx: Context, step: int
     ) -> tuple[State, dict[str, Tensor]]:
         hp = self.hparams
-        assert isinstance(hp, FCSGMHparams)
         x = state["x"]
         if "v" in state:
             g_new, loss = self.plugin(x, batches["inner"], ctx)
@@ -206,7 +204,7 @@ class LocalSCGDHparams(Hparams):
 
 
 @register("local_scgd")
-class LocalSCGD(CompositionalUpdater):
+class LocalSCGD(CompositionalUpdater[LocalSCGDHparams]):
     """Local-SCGD: the conditional problem read as a compositional one (ξ, η independent):
 
     ``ŷ ← (1−β) ŷ + β ḡ(x; B)``, ``u = ∇ḡ(x; B')ᵀ ∇f̄(ŷ; B')``, ``x ← x − η u``, with
@@ -216,18 +214,16 @@ class LocalSCGD(CompositionalUpdater):
 
     hparams_cls = LocalSCGDHparams
     compositions: ClassVar[tuple[str, ...]] = ("conditional",)
-    batch_roles: ClassVar[tuple[str, ...]] = ("inner", "outer")  # B and B'
+    roles: ClassVar[tuple[str, ...]] = ("inner", "outer")  # B and B'
+    client_state: ClassVar[dict[str, Sync]] = {"x": Sync.ROUND, "y": Sync.ROUND, "v": Sync.ROUND}
+    broadcast_keys: ClassVar[tuple[str, ...]] = ("x", "y", "v")
     use_momentum: ClassVar[bool] = False
-
-    def init_client(self, server: State) -> State:
-        return {key: server[key] for key in ("x", "y", "v") if key in server}
 
     def direction(
         self, state: State, batches: dict[str, Batch], ctx: Context
     ) -> tuple[Params, Params, Tensor]:
         """The new ŷ, the direction u and the loss f̄(ŷ; B')."""
         hp = self.hparams
-        assert isinstance(hp, LocalSCGDHparams)
         obj = self.objective
         assert isinstance(obj, ConditionalObjective)
 
@@ -252,7 +248,6 @@ class LocalSCGD(CompositionalUpdater):
         self, state: State, batches: dict[str, Batch], ctx: Context, step: int
     ) -> tuple[State, dict[str, Tensor]]:
         hp = self.hparams
-        assert isinstance(hp, LocalSCGDHparams)
         y, u, loss = self.direction(state, batches, ctx)
         new: State = {"y": y}
         if self.use_momentum:
@@ -260,9 +255,6 @@ class LocalSCGD(CompositionalUpdater):
             new["v"] = u
         new["x"] = tree_axpy(-hp.lr, u, state["x"])
         return new, {"loss": loss}
-
-    def upload(self, state: State) -> State:
-        return {key: state[key] for key in ("x", "y", "v") if key in state}
 
 
 @register("local_scgdm")
@@ -300,7 +292,7 @@ class CODAHparams(Hparams):
 
 
 @register("coda_plus")
-class CODAPlus(CompositionalUpdater):
+class CODAPlus(CompositionalUpdater[CODAHparams]):
     """CODA+: local primal-descent / dual-ascent on the min-max AUC loss F(v, α), v = (x, a, b)::
 
         v ← v − η s (∇_v F + γ (v − v₀)),   α ← max(α + η_α s ∇_α F, 0)
@@ -314,22 +306,20 @@ class CODAPlus(CompositionalUpdater):
 
     hparams_cls = CODAHparams
     compositions: ClassVar[tuple[str, ...]] = ("minimax",)
+    client_state: ClassVar[dict[str, Sync]] = {"x": Sync.ROUND, "aux": Sync.ROUND}
+    broadcast_keys: ClassVar[tuple[str, ...]] = ("x", "aux", "anchor", "scale")
 
-    def init_server(self, params: dict[str, Tensor]) -> State:
+    def init_server(self, params: dict[str, Tensor], num_clients: int) -> State:
         x = {k: v.clone() for k, v in params.items()}
         zero = next(iter(x.values())).new_zeros(())
         aux = {"a": zero.clone(), "b": zero.clone(), "alpha": zero.clone()}
         anchor = {"x": {k: v.clone() for k, v in x.items()}, "a": zero.clone(), "b": zero.clone()}
-        return {"x": x, "aux": aux, "anchor": anchor, "scale": zero + 1, "round": zero.clone()}
-
-    def init_client(self, server: State) -> State:
-        return {key: server[key] for key in ("x", "aux", "anchor", "scale")}
+        return {"x": x, "aux": aux, "anchor": anchor, "scale": zero + 1}
 
     def client_step(
         self, state: State, batches: dict[str, Batch], ctx: Context, step: int
     ) -> tuple[State, dict[str, Tensor]]:
         hp = self.hparams
-        assert isinstance(hp, CODAHparams)
         obj = self.objective
         assert isinstance(obj, AUCMinMax)
         batch, aux, anchor, s = batches["inner"], state["aux"], state["anchor"], state["scale"]
@@ -345,15 +335,13 @@ class CODAPlus(CompositionalUpdater):
         new_aux["alpha"] = (aux["alpha"] + hp.lr_dual * s * gaux["alpha"]).clamp_min(0)
         return {**state, "x": x, "aux": new_aux}, {"loss": loss}
 
-    def upload(self, state: State) -> State:
-        return {"x": state["x"], "aux": state["aux"]}
-
-    def server_update(self, server: State, mean: State, ctx: Context) -> State:
+    def server_update(
+        self, server: State, mean: State, ctx: RoundContext, info: RoundInfo
+    ) -> State:
         """Average, and at the end of a stage move the anchor and decay the step sizes."""
         hp = self.hparams
-        assert isinstance(hp, CODAHparams)
-        new = {**server, **mean, "round": server["round"] + 1}
-        if int(new["round"]) % hp.stage_rounds == 0:  # server side: outside vmap
+        new = {**server, **mean}
+        if (info.round + 1) % hp.stage_rounds == 0:  # the stage's last round
             new["anchor"] = {"x": mean["x"], "a": mean["aux"]["a"], "b": mean["aux"]["b"]}
             new["scale"] = server["scale"] * hp.decay
         return new

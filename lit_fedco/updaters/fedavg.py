@@ -7,11 +7,11 @@ from torch.func import grad_and_value
 
 from lit_fedco.objectives.base import Batch, Context
 from lit_fedco.state import State, tree_axpy
-from lit_fedco.updaters.base import CompositionalUpdater, Hparams, register
+from lit_fedco.updaters.base import CompositionalUpdater, H, Hparams, register
 
 
 @register("fedavg")
-class FedAvg(CompositionalUpdater):
+class FedAvg(CompositionalUpdater[H]):
     """FedAvg: ``x ← x − η ∇ℓ(x; B)`` locally, ``x̄ ← mean_k x_k`` every I steps.
 
     The cohort mean is unweighted (each sampled client counts 1/m), as in ComFedL's

@@ -27,9 +27,8 @@ initialises ȳ (``ALGORITHMS.md``: "Initialise ȳ = mean_k g_k(x⁰; B)").
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import ClassVar, TypeVar
 
-import torch
 from torch import Tensor, nn
 from torch.func import grad
 
@@ -40,6 +39,7 @@ from lit_fedco.objectives.distributed import (
     DistributedObjective,
     make_distributed_objective,
 )
+from lit_fedco.protocol import RoundContext, RoundInfo, Sync
 from lit_fedco.state import State, tree_axpy, tree_map
 from lit_fedco.updaters.base import CompositionalUpdater, Hparams, register
 
@@ -129,18 +129,22 @@ class FedAvgCOHparams(DistributedHparams):
         self.require("case", self.case in FEDAVG_CO_CASES, f"one of {FEDAVG_CO_CASES}", "II")
 
 
-class DistributedUpdater(CompositionalUpdater):
+HD = TypeVar("HD", bound=DistributedHparams)
+
+
+class DistributedUpdater(CompositionalUpdater[HD]):
     """Shared machinery: the objective, the eq. (7) direction, the round's inner estimate.
 
-    Server state: ``x``, the carried inner estimate ``y``, the ``units`` it is expressed in
-    (the KL shift), a ``started`` flag (0 before the first round) and the ``round`` counter
-    (for the step-size drop). Subclasses set :attr:`y_source` and implement
+    Server state: ``x``, and after the first round the carried inner estimate ``y`` with the
+    ``units`` it is expressed in (the KL shift). Subclasses set :attr:`y_source` and implement
     :meth:`client_step`.
     """
 
     hparams_cls: ClassVar[type[Hparams]] = DistributedHparams
     compositions: ClassVar[tuple[str, ...]] = ("distributed",)
-    batch_roles: ClassVar[tuple[str, ...]] = ("grad", "value")
+    roles: ClassVar[tuple[str, ...]] = ("grad", "value")
+    probe_role: ClassVar[str] = "value"
+    client_state: ClassVar[dict[str, Sync]] = {"x": Sync.ROUND, "y": Sync.ROUND}
     y_source: ClassVar[str] = "carried"
     """What the round context's ``"y"`` holds: ``"carried"`` (the server's estimate, converted
     to the round's units; the probe mean at round 0), ``"fresh"`` (the probe mean every round)
@@ -148,8 +152,6 @@ class DistributedUpdater(CompositionalUpdater):
 
     def build_objective(self, model: nn.Module) -> Objective:
         hp = self.hparams
-        if not isinstance(hp, DistributedHparams):
-            raise ConfigError(f"{self.name}: hyperparameters must be a DistributedHparams")
         return make_distributed_objective(hp.objective, model, hp.lam)
 
     @property
@@ -164,55 +166,27 @@ class DistributedUpdater(CompositionalUpdater):
         """:attr:`y_source`, overridable per instance (FedAvg-CO's case)."""
         return self.y_source
 
-    # ------------------------------------------------------------------ set-up
-    def init_server(self, params: dict[str, Tensor]) -> State:
-        p = self.obj.inner_dim
-        ref = next(iter(params.values()))
-        zero = ref.new_zeros(())
-        return {
-            "x": {k: v.clone() for k, v in params.items()},
-            "y": zero.clone() if p == 1 else ref.new_zeros(p),
-            "units": {k: zero.clone() for k in self.obj.unit_keys},
-            "started": zero.clone(),
-            "round": zero.clone(),
-        }
-
-    @property
-    def uses_probe(self) -> bool:
-        """A probe is needed for the units (KL shift) or for the round's ȳ; the loop builds the
-        round context (which also carries a dropped step size) only with a probe."""
-        hp = self.hparams
-        decays = isinstance(hp, DistributedHparams) and hp.lr_decay_round > 0
-        return bool(self.obj.unit_keys) or self.y_mode != "none" or decays
-
-    def probe(self, state: State, batches: dict[str, Batch], ctx: Context) -> Tensor | None:
-        """``g_k(x̄; B'_k)`` in the objective's unit-free form, on step 0's value batch."""
-        return self.obj.probe(state["x"], batches["value"], {})
-
-    def round_context(
-        self, server: State, probes: Tensor | None, cohort: Tensor | None = None
-    ) -> Context:
-        """The round's units and its starting inner estimate ``"y"`` (see :attr:`y_source`)."""
-        if probes is None:
-            return self.step_size_context(server)
+    def round_context(self, server: State, info: RoundInfo, probes: Tensor | None) -> RoundContext:
+        """The round's units (kept with y on the server), its starting inner estimate ``"y"``
+        (see :attr:`y_source`) and, after the step-size drop, its step size. The probes are
+        ``g_k(x̄; B'_k)`` in the objective's unit-free form, on step 0's value batch."""
         obj = self.obj
-        ctx = {**obj.units(probes), **self.step_size_context(server)}
+        assert probes is not None  # a distributed objective always probes
+        units = obj.units(probes)
+        ctx = {**units, **self.step_size_context(server, info)}
         mode = self.y_mode
-        if mode == "none":
-            return ctx
-        if mode == "carried" and float(server["started"]) > 0:  # server side: no vmap here
-            y = obj.convert(server["y"], server["units"], ctx)
-        else:
-            y = obj.cohort_mean(probes, ctx)
-        return {**ctx, "y": y}
+        if mode == "carried" and "y" in server:  # server side: no vmap here
+            ctx["y"] = obj.convert(server["y"], server["units"], units)
+        elif mode != "none":
+            ctx["y"] = obj.cohort_mean(probes, units)
+        return RoundContext(broadcast=ctx, server={"units": units})
 
-    def step_size_context(self, server: State) -> Context:
+    def step_size_context(self, server: State, info: RoundInfo) -> Context:
         """``{"lr": η_r}`` when the step size drops at some round, else nothing."""
         hp = self.hparams
-        assert isinstance(hp, DistributedHparams)
         if hp.lr_decay_round <= 0:
             return {}
-        late = float(server["round"]) >= hp.lr_decay_round
+        late = info.round >= hp.lr_decay_round
         ref = next(iter(server["x"].values()))
         return {"lr": ref.new_tensor(hp.lr * (hp.lr_decay if late else 1.0))}
 
@@ -241,25 +215,9 @@ class DistributedUpdater(CompositionalUpdater):
         """``g_k(x; batch)`` in the round's units (no gradient needed)."""
         return self.obj.inner(x, batch, ctx)
 
-    # ------------------------------------------------------------------ server side
-    def upload(self, state: State) -> State:
-        return {"x": state["x"], "y": state["y"]}
-
-    def server_update(self, server: State, mean: State, ctx: Context) -> State:
-        """Averaging: ``x ← mean_k x_k``, ``y ← mean_k y_k`` (if uploaded); the units of the
-        round are kept with y."""
-        units = {k: ctx[k] for k in self.obj.unit_keys}
-        return {
-            "x": mean["x"],
-            "y": mean.get("y", server["y"]),
-            "units": units,
-            "started": torch.ones_like(server["started"]),
-            "round": server["round"] + 1,
-        }
-
 
 @register("feddro")
-class FedDRO(DistributedUpdater):
+class FedDRO(DistributedUpdater[FedDROHparams]):
     """FedDRO (Algorithm 2, eqs. 7-8): the cohort shares ȳ after every local step.
 
     One local step at client k, from ``(x_k, ȳ)``::
@@ -275,13 +233,12 @@ class FedDRO(DistributedUpdater):
     """
 
     hparams_cls = FedDROHparams
-    step_keys: ClassVar[tuple[str, ...]] = ("y",)
+    client_state: ClassVar[dict[str, Sync]] = {"x": Sync.ROUND, "y": Sync.STEP}
 
     def client_step(
         self, state: State, batches: dict[str, Batch], ctx: Context, step: int
     ) -> tuple[State, dict[str, Tensor]]:
         hp = self.hparams
-        assert isinstance(hp, FedDROHparams)
         x = state["x"]
         ybar = ctx["y"] if step == 0 else state["y"]
         u, loss = self.direction(x, ybar, batches["grad"], ctx)
@@ -299,7 +256,7 @@ def hybrid_estimate(ybar: Tensor, g_old: Tensor, g_new: Tensor, beta: float) -> 
 
 
 @register("ds_feddro")
-class DSFedDRO(DistributedUpdater):
+class DSFedDRO(DistributedUpdater[DSFedDROHparams]):
     """DS-FedDRO (Algorithm 3): local moving-average y, two-sided (server) step sizes.
 
     Client step, with the client's own ``y_k`` (from the server's y at the round start)::
@@ -321,7 +278,6 @@ class DSFedDRO(DistributedUpdater):
         self, state: State, batches: dict[str, Batch], ctx: Context, step: int
     ) -> tuple[State, dict[str, Tensor]]:
         hp = self.hparams
-        assert isinstance(hp, DSFedDROHparams)
         x = state["x"]
         y = ctx["y"] if step == 0 else state["y"]
         u, loss = self.direction(x, y, batches["grad"], ctx)
@@ -329,19 +285,21 @@ class DSFedDRO(DistributedUpdater):
         y_new = (1 - hp.beta) * y + hp.beta * self.inner_value(x_new, batches["value"], ctx)
         return {"x": x_new, "y": y_new}, {"loss": loss}
 
-    def server_update(self, server: State, mean: State, ctx: Context) -> State:
+    def server_update(
+        self, server: State, mean: State, ctx: RoundContext, info: RoundInfo
+    ) -> State:
         """``x ← x + γ_x (mean_k x_k − x)``, ``y ← y + γ_y (mean_k y_k − y)`` with the y that
-        was broadcast this round (``ctx["y"]``, in the round's units)."""
+        was broadcast this round (in the round's units)."""
         hp = self.hparams
-        assert isinstance(hp, DSFedDROHparams)
-        new = super().server_update(server, mean, ctx)
+        y0 = ctx.broadcast["y"]
+        new = super().server_update(server, mean, ctx, info)
         new["x"] = tree_map(lambda s, m: s + hp.gamma_x * (m - s), server["x"], mean["x"])
-        new["y"] = ctx["y"] + hp.gamma_y * (mean["y"] - ctx["y"])
+        new["y"] = y0 + hp.gamma_y * (mean["y"] - y0)
         return new
 
 
 @register("fedavg_co")
-class FedAvgCO(DistributedUpdater):
+class FedAvgCO(DistributedUpdater[FedAvgCOHparams]):
     """Vanilla FedAvg for CO (Algorithm 1), the paper's negative result (Theorem 4.1).
 
     Each client estimates the inner function by its own ``g_k`` (step 5)::
@@ -358,9 +316,7 @@ class FedAvgCO(DistributedUpdater):
 
     @property
     def y_mode(self) -> str:
-        hp = self.hparams
-        assert isinstance(hp, FedAvgCOHparams)
-        return "carried" if hp.case == "II" else "none"
+        return "carried" if self.hparams.case == "II" else "none"
 
     def client_step(
         self, state: State, batches: dict[str, Batch], ctx: Context, step: int
@@ -377,31 +333,41 @@ class FedAvgCO(DistributedUpdater):
         return {"x": x_new, "y": self.inner_value(x_new, batches["value"], ctx)}, {"loss": loss}
 
     def upload(self, state: State) -> State:
+        """x, and in case II y (case I restarts every round from the clients' own values)."""
         return {"x": state["x"], "y": state["y"]} if self.y_mode == "carried" else {"x": state["x"]}
 
 
+@dataclass(frozen=True)
+class MBSGDHparams(DistributedHparams):
+    """Minibatch SGD for CO.
+
+    Attributes:
+        local_steps: I = 1: one step per round is the method (the only value accepted).
+    """
+
+    local_steps: int = 1
+
+    def validate(self) -> None:
+        super().validate()
+        self.require("local_steps", self.local_steps == 1, "1 (one step per round)", "1")
+
+
 @register("mbsgd")
-class MBSGD(DistributedUpdater):
+class MBSGD(DistributedUpdater[MBSGDHparams]):
     """Minibatch SGD for CO (the paper's MBSGD baseline, after Ghadimi & Lan 2013).
 
     One step per round on the whole cohort's minibatch: the probe gathers
     ``ȳ = mean_k g_k(x̄; B'_k)``, each client computes ``u_k`` (eq. 7) at x̄ with ȳ on its own
-    batch, and the server takes ``x ← x̄ − η mean_k u_k``. Runs with ``local_steps = 1``
-    (:attr:`fixed_local_steps`; the runner sets it).
+    batch, and the server takes ``x ← x̄ − η mean_k u_k``. One step per round
+    (``mbsgd.local_steps = 1``, whatever the run's ``local_steps``).
     """
 
+    hparams_cls = MBSGDHparams
+    client_state: ClassVar[dict[str, Sync]] = {"x": Sync.ROUND}
     y_source = "fresh"
-    fixed_local_steps: ClassVar[int | None] = 1
 
     def client_step(
         self, state: State, batches: dict[str, Batch], ctx: Context, step: int
     ) -> tuple[State, dict[str, Tensor]]:
-        if step > 0:
-            raise ConfigError.bad_value(
-                "local_steps", step + 1, "1 for mbsgd (one step per round)", "1"
-            )
         u, loss = self.direction(state["x"], ctx["y"], batches["grad"], ctx)
         return {"x": tree_axpy(-self.step_size(ctx), u, state["x"])}, {"loss": loss}
-
-    def upload(self, state: State) -> State:
-        return {"x": state["x"]}

@@ -27,6 +27,7 @@ from lit_fedco.errors import ConfigError
 from lit_fedco.objectives.base import Batch, Context, Objective
 from lit_fedco.objectives.maml import per_fedavg_direction
 from lit_fedco.objectives.personalized import MetaLearning, PFLParams
+from lit_fedco.protocol import RoundInfo, Sync
 from lit_fedco.state import State, tree_axpy, tree_sub
 from lit_fedco.updaters.base import Hparams, register
 from lit_fedco.updaters.fedavg import FedAvg
@@ -53,14 +54,14 @@ class FedMAMLHparams(Hparams):
 
 
 @register("fedmaml")
-class FedMAML(FedAvg):
+class FedMAML(FedAvg[FedMAMLHparams]):
     """FedMAML / Per-FedAvg: local meta-steps on the MAML composition (module docstring)."""
 
     hparams_cls = FedMAMLHparams
     compositions: ClassVar[tuple[str, ...]] = ("local",)
 
     def __init__(
-        self, hparams: Hparams, model: nn.Module, objective: Objective | None = None
+        self, hparams: FedMAMLHparams, model: nn.Module, objective: Objective | None = None
     ) -> None:
         super().__init__(hparams, model, objective)
         meta = self.objective
@@ -75,6 +76,10 @@ class FedMAML(FedAvg):
                 "(fedmaml.hessian=independent) is defined for one adaptation step; set "
                 "pfl.inner_steps=1 or fedmaml.hessian=support"
             )
+        # D (support), D′ (query) and, for Per-FedAvg's estimator, D″ (Hessian)
+        self.batch_roles = (
+            ("inner", "outer", "hessian") if self._independent else ("inner", "outer")
+        )
 
     def build_objective(self, model: nn.Module) -> Objective:
         return MetaLearning(model, PFLParams())
@@ -83,14 +88,9 @@ class FedMAML(FedAvg):
     def _independent(self) -> bool:
         """Whether steps draw the Hessian batch D″ (not for ``hessian="support"`` or
         first-order MAML, which has no Hessian term)."""
-        hp, meta = self.hparams, self.objective
-        assert isinstance(hp, FedMAMLHparams) and isinstance(meta, MetaLearning)
-        return hp.hessian == "independent" and not meta.settings.first_order
-
-    @property
-    def batch_roles(self) -> tuple[str, ...]:  # type: ignore[override]
-        """D (support), D′ (query) and, for Per-FedAvg's estimator, D″ (Hessian)."""
-        return ("inner", "outer", "hessian") if self._independent else ("inner", "outer")
+        meta = self.objective
+        assert isinstance(meta, MetaLearning)
+        return self.hparams.hessian == "independent" and not meta.settings.first_order
 
     def client_step(
         self, state: State, batches: dict[str, Batch], ctx: Context, step: int
@@ -129,33 +129,27 @@ class DittoHparams(Hparams):
 
 
 @register("ditto")
-class Ditto(FedAvg):
-    """Ditto: FedAvg for the global model, a persistent personal model per client."""
+class Ditto(FedAvg[DittoHparams]):
+    """Ditto: FedAvg for the global model, a persistent personal model per client (kept as
+    ``"personal"``: each client is evaluated with it)."""
 
     hparams_cls = DittoHparams
     compositions: ClassVar[tuple[str, ...]] = ("erm",)
-    persistent_keys: ClassVar[tuple[str, ...]] = ("v",)
+    client_state: ClassVar[dict[str, Sync]] = {
+        "x": Sync.ROUND, "anchor": Sync.LOCAL, "personal": Sync.KEEP
+    }  # fmt: skip
 
-    def init_client(self, server: State) -> State:
-        """x and the anchor w are the broadcast model (sent once); v comes from the client's
-        own store (the initial model before its first round)."""
-        return {"x": server["x"], "anchor": server["x"], "v": server["x"]}
+    def init_client(self, server: State, info: RoundInfo) -> State:
+        """x and the anchor w are the broadcast model (sent once); the personal model v comes
+        from the client's own store (the initial model before its first round)."""
+        return {"x": server["x"], "anchor": server["x"], "personal": server["x"]}
 
     def client_step(
         self, state: State, batches: dict[str, Batch], ctx: Context, step: int
     ) -> tuple[State, dict[str, Tensor]]:
         hp = self.hparams
-        assert isinstance(hp, DittoHparams)
         new, logs = super().client_step(state, batches, ctx, step)
-        gv = grad(lambda p: self.objective.value(p, batches, ctx))(state["v"])
-        gv = tree_axpy(hp.lam, tree_sub(state["v"], state["anchor"]), gv)
-        v = tree_axpy(-hp.personal_lr, gv, state["v"])
-        return {**state, "x": new["x"], "v": v}, logs
-
-    @property
-    def personalizes(self) -> bool:
-        return True
-
-    def personal_params(self, state: State, support: Batch, ctx: Context) -> dict[str, Tensor]:
-        """The client's personal model v_k (Ditto's own adaptation; no extra steps)."""
-        return state["v"]
+        v = state["personal"]
+        gv = grad(lambda p: self.objective.value(p, batches, ctx))(v)
+        gv = tree_axpy(hp.lam, tree_sub(v, state["anchor"]), gv)
+        return {**state, "x": new["x"], "personal": tree_axpy(-hp.personal_lr, gv, v)}, logs

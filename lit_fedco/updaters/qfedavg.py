@@ -28,6 +28,7 @@ from torch import Tensor
 from torch.func import grad_and_value
 
 from lit_fedco.objectives.base import Batch, Context
+from lit_fedco.protocol import RoundContext, RoundInfo
 from lit_fedco.state import State, tree_axpy, tree_leaves, tree_map, tree_scale, tree_sub
 from lit_fedco.updaters.base import CompositionalUpdater, Hparams, register
 
@@ -54,7 +55,7 @@ class QFedAvgHparams(Hparams):
 
 
 @register("qfedavg")
-class QFedAvg(CompositionalUpdater):
+class QFedAvg(CompositionalUpdater[QFedAvgHparams]):
     """q-FedAvg: local SGD ``x ← x − η ∇ℓ(x; B)`` for I steps, then the q-FFL server step.
 
     Each client keeps the broadcast point ``x0 = x̄`` and, from its first local step, its loss
@@ -66,7 +67,7 @@ class QFedAvg(CompositionalUpdater):
     hparams_cls = QFedAvgHparams
     compositions: ClassVar[tuple[str, ...]] = ("erm",)
 
-    def init_client(self, server: State) -> State:
+    def init_client(self, server: State, info: RoundInfo) -> State:
         return {"x": server["x"], "x0": server["x"]}
 
     def client_step(
@@ -80,7 +81,6 @@ class QFedAvg(CompositionalUpdater):
 
     def upload(self, state: State) -> State:
         hp = self.hparams
-        assert isinstance(hp, QFedAvgHparams)
         q, lip = hp.q, 1.0 / hp.lr
         log_f = torch.log(state["F"].clamp_min(LOSS_FLOOR))
         f_q = torch.exp(q * log_f)
@@ -91,6 +91,8 @@ class QFedAvg(CompositionalUpdater):
             h = h + q * torch.exp((q - 1) * log_f) * sq_norm
         return {"delta": tree_map(lambda d: f_q * d, dw), "h": h}
 
-    def server_update(self, server: State, mean: State, ctx: Context) -> State:
+    def server_update(
+        self, server: State, mean: State, ctx: RoundContext, info: RoundInfo
+    ) -> State:
         h = mean["h"]
         return {"x": tree_map(lambda x, d: x - d / h, server["x"], mean["delta"])}

@@ -6,7 +6,7 @@ Both solve ``min_x max_{λ ∈ Δ_K} Σ_k λ_k L_k(x)`` (DRFL with the client's 
 TR-MAML with its post-adaptation MAML loss) by alternating local SGD on x with projected
 gradient ascent on λ. One round::
 
-    server broadcasts x̄ and λ
+    server broadcasts x̄, and sends client k its own λ_k
     client k: F_k = L_k(x̄; B₀)                    # the probe, one float per client
               I local steps x_k ← x_k − η ∇L_k(x_k; B_t)
               uploads λ_k x_k and λ_k
@@ -27,9 +27,9 @@ import torch
 from torch import Tensor, nn
 from torch.func import grad_and_value
 
-from lit_fedco.errors import ConfigError
 from lit_fedco.objectives.base import Batch, Context, Objective
 from lit_fedco.objectives.personalized import MetaLearning, PFLParams
+from lit_fedco.protocol import RoundContext, RoundInfo
 from lit_fedco.state import State, tree_axpy, tree_map, tree_scale
 from lit_fedco.updaters.base import CompositionalUpdater, Hparams, register
 
@@ -66,44 +66,34 @@ class DRFLHparams(Hparams):
 
 
 @register("drfl")
-class DRFL(CompositionalUpdater):
+class DRFL(CompositionalUpdater[DRFLHparams]):
     """DRFL: local SGD, λ-weighted aggregation, projected ascent on λ (module docstring)."""
 
     hparams_cls = DRFLHparams
     compositions: ClassVar[tuple[str, ...]] = ("erm",)
-    client_id_key: ClassVar[str] = "id"
+    needs_probe: ClassVar[bool] = True  # F_k, the loss at the broadcast point
+    weights_key: ClassVar[str] = "lam"
 
-    @property
-    def batch_roles(self) -> tuple[str, ...]:  # type: ignore[override]
-        """One minibatch per step; support and query for a MAML objective."""
-        return ("inner", "outer") if self.objective.outer_needs_batch else ("inner",)
-
-    def init_server(self, params: dict[str, Tensor]) -> State:
+    def init_server(self, params: dict[str, Tensor], num_clients: int) -> State:
         """x⁰ and uniform weights λ = 1/K."""
-        k = self.num_clients
-        if k < 1:
-            raise ConfigError(f"{self.name}: the number of clients must be set before init_server")
         ref = next(iter(params.values()))
-        return {**super().init_server(params), "lam": ref.new_full((k,), 1.0 / k)}
+        return {
+            **super().init_server(params, num_clients),
+            "lam": ref.new_full((num_clients,), 1.0 / num_clients),
+        }
 
-    @property
-    def uses_probe(self) -> bool:
-        return True
-
-    def probe(self, state: State, batches: dict[str, Batch], ctx: Context) -> Tensor | None:
-        """F_k: the client's loss at the broadcast x̄ on its first batches of the round."""
-        return self.objective.value(state["x"], batches, ctx)
-
-    def round_context(
-        self, server: State, probes: Tensor | None, cohort: Tensor | None = None
-    ) -> Context:
-        """The cohort's losses placed in a K-vector and scaled by K/m (kept on the server for the
-        ascent step), and λ for the logs; the clients receive λ with their state."""
-        assert probes is not None and cohort is not None
-        lam = server["lam"]
-        losses = lam.new_zeros(lam.shape).index_copy(0, cohort.to(lam.device), probes)
+    def round_context(self, server: State, info: RoundInfo, probes: Tensor | None) -> RoundContext:
+        """Each cohort client receives its own λ_k; the cohort's losses, placed in a K-vector
+        and scaled by K/m, stay on the server for the ascent step; λ is logged."""
+        assert probes is not None
+        lam, cohort = server["lam"], info.cohort.to(server["lam"].device)
+        losses = lam.new_zeros(lam.shape).index_copy(0, cohort, probes)
         scale = lam.new_tensor(len(lam) / len(cohort))
-        return {"_ascent": scale * losses, "weights": lam}
+        return RoundContext(
+            per_client={"lam": lam[cohort]},
+            server={"ascent": scale * losses},
+            logged={"weights": lam},
+        )
 
     def client_step(
         self, state: State, batches: dict[str, Batch], ctx: Context, step: int
@@ -111,32 +101,19 @@ class DRFL(CompositionalUpdater):
         g, loss = grad_and_value(lambda p: self.objective.value(p, batches, ctx))(state["x"])
         return {**state, "x": tree_axpy(-self.hparams.lr, g, state["x"])}, {"loss": loss}
 
-    def weight_of(self, state: State) -> Tensor:
-        """λ_k of this client, read from the broadcast λ with its id."""
-        lam = state["lam"]
-        mine = torch.arange(len(lam), device=lam.device) == state[self.client_id_key]
-        return (lam * mine.to(lam.dtype)).sum()
-
-    def init_client(self, server: State) -> State:
-        return {"x": server["x"], "lam": server["lam"]}
-
     def upload(self, state: State) -> State:
         """``λ_k x_k`` and ``λ_k``: their cohort means give the weighted average."""
-        w = self.weight_of(state)
+        w = state["lam"]
         return {"x": tree_scale(w, state["x"]), "w": w}
 
-    def client_weights(self, server: State, losses: Tensor) -> Tensor | None:
-        """λ, the client weights the method maximises over (logged at every evaluation)."""
-        return server["lam"]
-
-    def server_update(self, server: State, mean: State, ctx: Context) -> State:
+    def server_update(
+        self, server: State, mean: State, ctx: RoundContext, info: RoundInfo
+    ) -> State:
         """Weighted aggregation, then ``λ ← Π_Δ(λ + γ_λ (K/m) F_C)``. A cohort whose weights
         are all 0 leaves x̄ where it was (server side: no vmap, a Python test is fine)."""
-        hp = self.hparams
-        assert isinstance(hp, DRFLHparams)
         w = mean["w"]
         x = tree_map(lambda t: t / w, mean["x"]) if float(w) > 0 else server["x"]
-        lam = project_simplex(server["lam"] + hp.lam_lr * ctx["_ascent"])
+        lam = project_simplex(server["lam"] + self.hparams.lam_lr * ctx.server["ascent"])
         return {**server, "x": x, "lam": lam}
 
 

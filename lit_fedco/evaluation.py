@@ -1,0 +1,170 @@
+"""Evaluation of a federated model on every client's own data.
+
+Each process evaluates its share of the K clients (``rank::world``, like the cohort) and the
+per-client metrics are sum states (:mod:`lit_fedco.metrics`), so the result is the same on 1
+and N processes. The model is the server's, or, when the updater personalises, each client's
+own parameters after adaptation on a fixed support batch of its training rows (ComFedL §5.2).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from lit_fedco.data.federated import FederatedData
+from lit_fedco.executors import Executor
+from lit_fedco.metrics import PerClientClassification
+from lit_fedco.round import ClientStore
+from lit_fedco.state import State, broadcast, tree_map
+from lit_fedco.updaters.base import CompositionalUpdater
+
+
+class Evaluator:
+    """Per-client accuracy and loss on train and validation data, and the objective's extras.
+
+    Args:
+        updater: the algorithm (its objective decides outputs, classes and adaptation).
+        data: every client's data, on ``device``.
+        executor: runs each client's adaptation (personalised FL).
+        rank, world: this process and the number of processes.
+        seed: seeds the support batches, by (seed, client).
+        support_size: rows of a support batch when the objective does not say.
+        eval_batch: rows per forward pass.
+        device: where the data and metrics live.
+    """
+
+    def __init__(
+        self,
+        updater: CompositionalUpdater,
+        data: FederatedData,
+        executor: Executor,
+        rank: int,
+        world: int,
+        seed: int,
+        support_size: int,
+        eval_batch: int,
+        device: torch.device,
+    ) -> None:
+        self.updater, self.data, self.executor = updater, data, executor
+        self.seed, self.eval_batch, self.device = seed, eval_batch, device
+        k = data.num_clients
+        self.clients = torch.arange(rank, k, world)  # the clients this process evaluates
+        self.rows = {split: self._rows_of(split) for split in ("train", "val")}
+        objective = updater.objective
+        self.support = (
+            self._support_rows(objective.eval_support or support_size)
+            if updater.personalizes
+            else None
+        )
+        classes = objective.eval_classes(data.num_classes)
+        self.metrics = {
+            split: PerClientClassification(k, classes).to(device) for split in ("train", "val")
+        }
+        self.extra_metrics = {  # e.g. average precision over all rows of the split
+            split: {name: m.to(device) for name, m in objective.eval_metrics().items()}
+            for split in ("train", "val")
+        }
+        self.last_per_client: Tensor | None = None
+        self.last_per_class: Tensor | None = None
+
+    def _rows_of(self, split: str) -> tuple[Tensor, Tensor]:
+        """Row indices of this process's clients' samples in ``split`` and each row's client."""
+        offsets = (self.data.train_offsets if split == "train" else self.data.val_offsets).cpu()
+        rows, owner = [], []
+        for k in self.clients.tolist():
+            lo, hi = int(offsets[k]), int(offsets[k + 1])
+            rows.append(torch.arange(lo, hi))
+            owner.append(torch.full((hi - lo,), k))
+        return torch.cat(rows).to(self.device), torch.cat(owner).to(self.device)
+
+    def _support_rows(self, size: int) -> Tensor:
+        """``size`` training rows of each evaluated client, ``[n, size]``: drawn once, without
+        replacement where the client has enough rows, by a generator seeded by (seed, client)
+        — the same support batch at every evaluation and on any process."""
+        offsets = self.data.train_offsets.cpu()
+        out = []
+        for k in self.clients.tolist():
+            lo, n_k = int(offsets[k]), int(offsets[k + 1] - offsets[k])
+            state = np.random.SeedSequence([self.seed, k, 0x5099]).generate_state(2)
+            g = torch.Generator().manual_seed(int(state[0]) << 32 | int(state[1]))
+            local = (
+                torch.randperm(n_k, generator=g)[:size]
+                if n_k >= size
+                else torch.randint(n_k, (size,), generator=g)
+            )
+            out.append(local + lo)
+        return torch.stack(out).to(self.device)
+
+    def personal_params(self, server: State, store: ClientStore) -> State:
+        """Every evaluated client's own parameters, stacked ``[n, ...]`` in the order of
+        :attr:`clients`: :meth:`CompositionalUpdater.personal_params` run by the executor."""
+        upd, n = self.updater, len(self.clients)
+        assert self.support is not None
+        state = {"x": broadcast(upd.eval_params(server), n), **store.read(self.clients)}
+        support = {"x": self.data.x_train[self.support], "y": self.data.y_train[self.support]}
+        return self.executor.map(
+            lambda s, b, c: upd.personal_params(s, b, c), state, support, {}, n
+        )
+
+    def _outputs(self, params: Any, split: str) -> Iterator[tuple[Tensor, Tensor, Tensor]]:
+        """``(logits, targets, client)`` chunks of this process's rows of ``split``: with the
+        shared parameters, or client by client with each one's personal parameters."""
+        rows, owner = self.rows[split]
+        d = self.data
+        x_all, y_all = (d.x_train, d.y_train) if split == "train" else (d.x_val, d.y_val)
+        objective, chunk = self.updater.objective, self.eval_batch
+        if self.support is None:
+            yield from objective.eval_outputs(params, x_all, y_all, rows, owner, chunk)
+            return
+        for i, k in enumerate(self.clients.tolist()):
+            mask = owner == k
+            own = tree_map(lambda v: v[i], params)
+            yield from objective.eval_outputs(own, x_all, y_all, rows[mask], owner[mask], chunk)
+
+    @torch.no_grad()
+    def __call__(self, server: State, store: ClientStore, dtype: torch.dtype) -> dict[str, float]:
+        """Average, worst and 10th-percentile client accuracy and loss on every client's train
+        and validation data, per-class validation accuracy, and the updater's client weights."""
+        params = (
+            self.personal_params(server, store)
+            if self.support is not None
+            else self.updater.eval_params(server)
+        )
+        out: dict[str, float] = {}
+        for split, metric in self.metrics.items():
+            metric.reset()
+            extras = self.extra_metrics[split]
+            for extra in extras.values():
+                extra.reset()
+            for logits, target, who in self._outputs(params, split):
+                metric.update(logits, target, who)
+                for extra in extras.values():
+                    extra.update(logits, target, who)
+            for name, extra in extras.items():
+                out[f"{split}/{name}"] = float(extra.compute())
+            res = metric.compute()
+            out.update({f"{split}/{key}": float(v) for key, v in res.items() if v.dim() == 0})
+            if split == "train":
+                w = self.updater.client_weights(server, res["loss_per_client"].to(dtype))
+                if w is not None:
+                    out["dro/weight_max"] = float(w.max())
+                    if len(w) <= 32:
+                        out.update({f"dro/weight_client{k}": float(v) for k, v in enumerate(w)})
+            if split == "val":
+                self.last_per_client = res["acc_per_client"].cpu()
+                self.last_per_class = res["acc_per_class"].cpu()
+                # per-class accuracy (imbalanced data: the minority classes are the point);
+                # classes without validation samples are left out
+                out.update(
+                    {
+                        f"val/acc_class{c}": float(v)
+                        for c, v in enumerate(self.last_per_class.tolist())
+                        if not math.isnan(v)
+                    }
+                )
+        return out

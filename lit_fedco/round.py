@@ -1,0 +1,305 @@
+"""One federated round, written once: the loop, the examples and the tests all call
+:func:`federated_round`.
+
+::
+
+    state = init_client(server, info)                       # BROADCAST (+ each client's row)
+    ctx   = round_context(server, info, probes)              # always; probes if the method asks
+    for t in range(I):
+        state, logs = executor.map(client_step, state, batches(t), ctx.broadcast, t)
+        state[STEP entries] ← cohort mean                      # one collective per step, if any
+    server = server_update(server, cohort mean of upload(state) ∪ STEP means, ctx, info)
+    store.write_back(state[KEEP entries])                    # m rows, not K
+
+Communication goes through a :class:`Comm`: :class:`FabricComm` (one flat ``all_reduce`` per
+collective) in runs, :class:`LocalComm` (one process) in examples and tests. Every collective
+sums; a mean over the cohort is that sum divided by m, so 1 and N processes agree up to the
+order of summation. Traffic is counted per client from what each one actually sends and
+receives (:class:`Traffic`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import partial
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import Tensor
+
+from lit_fedco.executors import Executor, SequentialExecutor
+from lit_fedco.protocol import RoundContext, RoundInfo, Sync
+from lit_fedco.state import State, broadcast, flatten, numel, tree_leaves, tree_map, unflatten
+
+if TYPE_CHECKING:
+    from lightning.fabric import Fabric
+
+    from lit_fedco.updaters.base import CompositionalUpdater
+
+Batches = Callable[[int], Any]
+"""``batches(t)``: step t's minibatches of this process's cohort clients, stacked ``[n, ...]``."""
+
+
+# ---------------------------------------------------------------------- communication
+class Comm:
+    """Sums over processes; the only place a round communicates.
+
+    Args:
+        dtype: the dtype buffers are summed in (the run's parameter dtype).
+    """
+
+    def __init__(self, dtype: torch.dtype = torch.float64) -> None:
+        self.dtype = dtype
+
+    def all_sum(self, flat: Tensor) -> Tensor:
+        """The element-wise sum of ``flat`` over all processes (one collective)."""
+        raise NotImplementedError
+
+    def sum_tree(self, tree: Any) -> Any:
+        """:meth:`all_sum` of a pytree, flattened into one buffer first."""
+        flat, meta, spec = flatten(tree)
+        return unflatten(self.all_sum(flat.to(self.dtype)), meta, spec)
+
+    def cohort_rows(self, local: Any, positions: Tensor, m: int) -> Any:
+        """Every cohort client's row, ``[m, ...]`` in cohort order, from this process's rows
+        ``local`` (``[n, ...]`` at ``positions`` of the cohort): one collective of m rows."""
+
+        def scatter(v: Tensor) -> Tensor:
+            full = v.new_zeros((m, *v.shape[1:]), dtype=self.dtype)
+            return full.index_copy(0, positions.to(v.device), v.to(self.dtype))
+
+        return self.sum_tree(tree_map(scatter, local))
+
+
+class LocalComm(Comm):
+    """One process holds the whole cohort: a sum over processes is the identity."""
+
+    def all_sum(self, flat: Tensor) -> Tensor:
+        return flat
+
+
+class FabricComm(Comm):
+    """Lightning Fabric's collectives (gloo on CPU, NCCL on GPUs); one ``all_reduce`` each."""
+
+    def __init__(self, fabric: Fabric, dtype: torch.dtype = torch.float32) -> None:
+        super().__init__(dtype)
+        self.fabric = fabric
+
+    def all_sum(self, flat: Tensor) -> Tensor:
+        if self.fabric.world_size == 1:
+            return flat
+        return self.fabric.all_reduce(flat, reduce_op="sum")  # type: ignore[return-value]
+
+
+# ---------------------------------------------------------------------- client-held state
+class ClientStore:
+    """The :attr:`Sync.KEEP` entries of every client, one row per client (K rows), identical on
+    every process so that whichever process runs a client finds its state.
+
+    Args:
+        initial: one client's initial values of the kept entries (e.g. the initial model).
+        num_clients: K.
+    """
+
+    def __init__(self, initial: State, num_clients: int) -> None:
+        self.rows: State = {key: broadcast(v, num_clients) for key, v in initial.items()}
+
+    def read(self, clients: Tensor) -> State:
+        """The kept entries of ``clients``, stacked ``[n, ...]``."""
+        return {key: tree_map(lambda v: v[clients.to(v.device)], t) for key, t in self.rows.items()}
+
+    def write_back(self, states: State, positions: Tensor, cohort: Tensor, comm: Comm) -> None:
+        """Store this round's kept entries of the whole cohort: every process contributes its
+        own clients' rows (at ``positions`` of the cohort) to one collective of m rows."""
+        if not self.rows:
+            return
+        new = comm.cohort_rows({key: states[key] for key in self.rows}, positions, len(cohort))
+        self.rows = {
+            key: tree_map(
+                lambda store, v: store.index_copy(0, cohort.to(store.device), v.to(store.dtype)),
+                self.rows[key],
+                new[key],
+            )
+            for key in self.rows
+        }
+
+
+def make_store(updater: CompositionalUpdater, server: State, num_clients: int) -> ClientStore:
+    """A store of the updater's kept entries, every client starting from what
+    ``init_client`` gives at ``server`` (e.g. the initial model); empty if it keeps none."""
+    keep = [key for key, s in updater.client_state.items() if s is Sync.KEEP]
+    if not keep:
+        return ClientStore({}, num_clients)
+    info = RoundInfo(0, num_clients, torch.arange(num_clients), 1, 0)
+    client0 = updater.init_client(server, info)
+    return ClientStore({key: client0[key] for key in keep}, num_clients)
+
+
+# ---------------------------------------------------------------------- the round
+@dataclass
+class Traffic:
+    """Floats one client sends (``up``) and receives (``down``) in a round."""
+
+    up: int = 0
+    down: int = 0
+
+
+@dataclass
+class RoundResult:
+    """What a round returns.
+
+    Attributes:
+        server: the new server state.
+        logs: the cohort means of the clients' step logs, averaged over the local steps, under
+            ``train/<name>``; and what the round context logs, under ``dro/``.
+        traffic: floats communicated per client in this round.
+        context: the round context (for callbacks and tests).
+    """
+
+    server: State
+    logs: dict[str, float]
+    traffic: Traffic
+    context: RoundContext
+
+
+def _step(upd: CompositionalUpdater, t: int, s: State, b: Any, c: Any) -> Any:
+    return upd.client_step(s, b, c, t)
+
+
+def unique_numel(tree: Any) -> int:
+    """Elements of the distinct tensors of ``tree`` (one tensor under two keys is sent once)."""
+    return sum(t.numel() for t in {id(t): t for t in tree_leaves(tree)}.values())
+
+
+def federated_round(
+    updater: CompositionalUpdater,
+    server: State,
+    info: RoundInfo,
+    clients: Tensor,
+    batches: Batches,
+    comm: Comm,
+    executor: Executor,
+    store: ClientStore | None = None,
+) -> RoundResult:
+    """Run one round of ``updater`` for this process's share ``clients`` of ``info.cohort``.
+
+    Args:
+        updater: the algorithm.
+        server: the server state before the round (not modified).
+        info: the round's index, K, cohort, I and seed.
+        clients: the cohort clients this process runs (a subset of ``info.cohort``, sorted).
+        batches: ``batches(t)`` gives step t's minibatches of ``clients``; step 0's batches
+            also feed the probe.
+        comm: sums over processes.
+        executor: runs a per-client function over ``clients`` (vmapped or in a loop).
+        store: the clients' kept (:attr:`Sync.KEEP`) entries, read at the start and written
+            back at the end; needed only when the updater declares such entries.
+
+    Returns:
+        The new server state, the round's logs and the traffic per client.
+    """
+    upd, ex = updater, executor
+    n, m = len(clients), info.cohort_size
+    positions = torch.searchsorted(info.cohort, clients)  # this process's rows of the cohort
+    sync = upd.client_state
+    traffic = Traffic()
+
+    # BROADCAST: every cohort client starts from the server's state; kept entries come from
+    # the client's own store instead.
+    client0 = upd.init_client(server, info)
+    sent = {k: v for k, v in client0.items() if sync.get(k) is not Sync.KEEP}
+    traffic.down += unique_numel(sent)
+    states = broadcast(client0, n)
+    if store is not None and store.rows:
+        states = {**states, **store.read(clients)}
+
+    # ROUND CONTEXT: from the cohort's probes at the broadcast point, when the method asks.
+    first = batches(0)
+    probes = None
+    if upd.probes:
+        local = ex.map(lambda s, b, c: upd.probe(s, b, c), states, first, {}, n)
+        probes = comm.cohort_rows(local, positions, m)
+        traffic.up += local[0].numel()
+    ctx = upd.round_context(server, info, probes)
+    traffic.down += numel(ctx.broadcast)
+    if ctx.per_client:  # each client receives its own row
+        rows = {k: v[positions.to(v.device)] for k, v in ctx.per_client.items()}
+        states = {**states, **rows}
+        traffic.down += sum(v[0].numel() for v in ctx.per_client.values())
+
+    # LOCAL STEPS
+    step_keys = [k for k, s in sync.items() if s is Sync.STEP]
+    log_sum: dict[str, Tensor] = {}
+    step_mean: State = {}
+    for t in range(info.local_steps):
+        states, logs = ex.map(partial(_step, upd, t), states, first if t == 0 else batches(t),
+                              ctx.broadcast, n)  # fmt: skip
+        for key, v in logs.items():
+            log_sum[key] = log_sum.get(key, 0.0) + v.detach().sum()
+        if step_keys:  # per-step communication: the cohort mean of the declared entries
+            part = {key: tree_map(lambda v: v.sum(0), states[key]) for key in step_keys}
+            step_mean = tree_map(lambda v: v / m, comm.sum_tree(part))
+            states = {**states, **broadcast(step_mean, n)}
+            traffic.up += numel(step_mean)
+            traffic.down += numel(step_mean)
+
+    # CLIENT-HELD STATE: this round's cohort rows go back to the store.
+    if store is not None:
+        store.write_back(states, positions, info.cohort, comm)
+
+    # AGGREGATION: one collective of [sum of uploads, sum of logs], then the server update.
+    ups = ex.map(lambda s, b, c: upd.upload(s), states, None, ctx.broadcast, n)
+    payload = {"up": tree_map(lambda v: v.sum(0), ups), "logs": log_sum}
+    mean = tree_map(lambda v: v / m, comm.sum_tree(payload))
+    traffic.up += numel(mean["up"])
+    new_server = upd.server_update(server, {**step_mean, **mean["up"]}, ctx, info)
+
+    out = {f"train/{k}": float(v) / info.local_steps for k, v in mean["logs"].items()}
+    if "weights" in ctx.logged:
+        w = ctx.logged["weights"]
+        out["dro/cohort_weight_max"] = float(w.max())
+        out["dro/cohort_weight_entropy"] = float(-(w * w.clamp_min(1e-30).log()).sum())
+    return RoundResult(new_server, out, traffic, ctx)
+
+
+def run_rounds(
+    updater: CompositionalUpdater,
+    batches: Any,
+    rounds: int,
+    local_steps: int,
+    server: State | None = None,
+    executor: Executor | None = None,
+    dtype: torch.dtype = torch.float64,
+    store: ClientStore | None = None,
+) -> list[State]:
+    """Full-participation rounds in one process on fixed per-client batches (examples, tests).
+
+    Args:
+        updater: the algorithm.
+        batches: one batch per role, stacked over the K clients (``[K, b, ...]``), used at
+            every step of every round (deterministic problems); or ``batches(t)`` giving
+            step t's batches.
+        rounds: S. local_steps: I.
+        server: the server state to start from (default: ``updater.init_server``).
+        executor: how clients run (default: sequential).
+        dtype: the dtype of the means.
+        store: the clients' kept entries (default: a new store, when the updater keeps any);
+            pass one to read them afterwards.
+
+    Returns:
+        The server state before the first round and after each round.
+    """
+    step_batches = batches if callable(batches) else lambda t: batches
+    k = len(tree_leaves(step_batches(0))[0])
+    cohort = torch.arange(k)
+    server = server if server is not None else updater.init_server(updater.params(), k)
+    comm, ex = LocalComm(dtype), executor or SequentialExecutor()
+    store = store or make_store(updater, server, k)
+    history = [server]
+    for r in range(rounds):
+        info = RoundInfo(r, k, cohort, local_steps, 0)
+        res = federated_round(updater, server, info, cohort, step_batches, comm, ex, store)
+        server = res.server
+        history.append(server)
+    return history
