@@ -27,7 +27,7 @@ from lightning.fabric.loggers import Logger
 from torch import Tensor
 from tqdm.auto import tqdm
 
-from lit_fedco.data.federated import BatchSampler, FederatedData
+from lit_fedco.data import BatchSampler, FederatedData
 from lit_fedco.errors import ConfigError
 from lit_fedco.executors import Executor
 from lit_fedco.metrics import PerClientClassification

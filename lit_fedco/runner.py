@@ -21,7 +21,7 @@ from lightning.fabric import Fabric
 from omegaconf import DictConfig, OmegaConf
 
 from lit_fedco.config import load_config, problem_params, updater_hparams
-from lit_fedco.data.federated import FederatedData, make_federated
+from lit_fedco.data import FederatedData, make_federated
 from lit_fedco.errors import ConfigError
 from lit_fedco.executors import make_executor
 from lit_fedco.loop import Diverged, FederatedLoop, LoopConfig
