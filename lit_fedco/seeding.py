@@ -8,6 +8,13 @@ on its own name: client k's batches in round r are the same whichever other clie
 sampled and whichever process runs client k. That is what makes 1 and N processes agree, and
 a resumed run continue with the data it would have seen.
 
+One caveat comes with ``SeedSequence``: it pads its entropy with zeros, so trailing zero keys
+are invisible — (seed, k, 0) names the same stream as (seed, k). The synthetic data's
+(seed, 0x1A7) is thus also client 423's round-0 minibatch stream; it stays so, because
+changing a name changes the data of every run. A new stream should take a name no
+(seed, client, round) can spell: three or more keys, the last a non-zero constant of its own
+(as the loop's (seed, round, 0xC0407) for cohorts).
+
 This module imports only numpy and torch so that every layer (data, loop, updaters) can use
 it. The construction is the one the code has always used; changing it changes every stream.
 """

@@ -140,7 +140,7 @@ def _spread(values: list[int]) -> str:
     return f"min {min(values)}, median {statistics.median(values):g}, max {max(values)}"
 
 
-def _mix(counts: list[int], top: int = 6) -> str:
+def _mix(counts: list[int], top: int = 10) -> str:
     """A client's class mix, ``class:count`` for the classes it holds; with many classes the
     ``top`` largest and how many more, so that a line stays readable for CIFAR-100."""
     held = [(c, n) for c, n in enumerate(counts) if n]
