@@ -23,6 +23,7 @@ from lit_fedco.data.partition import (
 )
 from lit_fedco.data.samplers import BatchSampler, PositiveSampler, TaskSampler
 from lit_fedco.data.sources import load_digits_arrays, load_mnist, load_source
+from lit_fedco.data.specs import data_spec
 
 __all__ = [
     "BatchSampler",
@@ -30,6 +31,7 @@ __all__ = [
     "PositiveSampler",
     "TaskSampler",
     "build_federated",
+    "data_spec",
     "format_partition_stats",
     "load_digits_arrays",
     "load_mnist",

@@ -33,6 +33,7 @@ from lit_fedco.data.specs import (
     PartitionedSpec,
     StepImbalancedSpec,
     TaskSpec,
+    data_spec,
 )
 from lit_fedco.errors import ConfigError
 from lit_fedco.seeding import generator as torch_generator
@@ -48,21 +49,20 @@ def make_federated(spec: Any) -> FederatedData:
     """The federated data set ``spec`` describes.
 
     ``spec`` is any object with the ``data`` config's attributes plus ``seed`` (the runner
-    passes ``SimpleNamespace(**data_cfg, seed=seed)``); it is converted to the typed spec of
-    the builder that ``spec.name`` and ``spec.partition`` select, which validates it:
-
-    - ``name`` ending in ``_st`` → :func:`make_step_imbalanced`;
-    - ``invariant_logreg`` → :func:`make_invariant_logreg`;
-    - ``partition == "classes"`` → :func:`make_task_data`;
-    - otherwise → :func:`make_partitioned`.
+    passes ``SimpleNamespace(**data_cfg, seed=seed)``), or a typed spec. It is converted and
+    validated by :func:`~lit_fedco.data.specs.data_spec`, which also picks the builder: a
+    ``*_st`` name → :func:`make_step_imbalanced`; ``invariant_logreg`` →
+    :func:`make_invariant_logreg`; ``partition=classes`` → :func:`make_task_data`; otherwise
+    :func:`make_partitioned`.
     """
-    if spec.name.endswith("_st"):
-        return make_step_imbalanced(StepImbalancedSpec.of(spec))
-    if spec.name == "invariant_logreg":  # FCSG §5.1, synthetic
-        return make_invariant_logreg(InvariantLogRegSpec.of(spec))
-    if spec.partition == "classes":  # few-shot tasks from each client's own classes
-        return make_task_data(TaskSpec.of(spec))
-    return make_partitioned(PartitionedSpec.of(spec))
+    typed = data_spec(spec)
+    if isinstance(typed, StepImbalancedSpec):
+        return make_step_imbalanced(typed)
+    if isinstance(typed, InvariantLogRegSpec):
+        return make_invariant_logreg(typed)
+    if isinstance(typed, TaskSpec):
+        return make_task_data(typed)
+    return make_partitioned(typed)
 
 
 # ---------------------------------------------------------------------- partitioned sources

@@ -228,3 +228,42 @@ class TaskSpec(DataSpecBase):
         if self.rotations not in (1, 2, 3, 4):
             raise ConfigError.bad_value("data.rotations", self.rotations, "1, 2, 3 or 4", "4")
         _at_least_one("data.num_clients", self.num_clients, "16")
+
+
+DataSpec = PartitionedSpec | StepImbalancedSpec | InvariantLogRegSpec | TaskSpec
+"""Every typed data spec."""
+
+
+def data_spec(spec: object) -> DataSpec:
+    """The typed, validated spec of the data set that a ``DataConfig``-like ``spec`` describes.
+
+    Which one is decided by ``name`` and ``partition`` (the order matters: a ``*_st`` source is
+    step-imbalanced whatever its ``partition``):
+
+    - ``name`` ending in ``_st`` → :class:`StepImbalancedSpec`;
+    - ``name == "invariant_logreg"`` → :class:`InvariantLogRegSpec`;
+    - ``partition == "classes"`` → :class:`TaskSpec`;
+    - otherwise → :class:`PartitionedSpec`.
+
+    Cheap (it reads no file), so a runner can check the data config before starting any
+    process.
+
+    Args:
+        spec: any object with the ``data`` config's attributes plus ``seed``, or a typed spec
+            (returned as it is).
+
+    Raises:
+        ConfigError: a value out of range. TypeError: a missing attribute.
+    """
+    if isinstance(spec, PartitionedSpec | StepImbalancedSpec | InvariantLogRegSpec | TaskSpec):
+        return spec
+    name = getattr(spec, "name", None)
+    if not isinstance(name, str):
+        raise TypeError(f"data spec: expected an object with a str attribute name, got {spec!r}")
+    if name.endswith("_st"):
+        return StepImbalancedSpec.of(spec)
+    if name == "invariant_logreg":  # FCSG §5.1, synthetic
+        return InvariantLogRegSpec.of(spec)
+    if getattr(spec, "partition", None) == "classes":  # few-shot tasks from a client's classes
+        return TaskSpec.of(spec)
+    return PartitionedSpec.of(spec)
