@@ -42,7 +42,7 @@ def test_partition_stats_match_the_labels():
     assert stats["train_sizes"] == [200] + [20] * 5
     assert stats["val_sizes"] == [30] * 6
     for split in ("train", "val"):
-        _, y, off = data._split(split)
+        _, y, off = data.arrays(split)
         expected = counts_from_labels(y.numpy(), off.numpy(), 10)
         assert stats[f"{split}_class_counts"] == expected
         assert [sum(row) for row in expected] == stats[f"{split}_sizes"]

@@ -51,7 +51,12 @@ class FederatedData:
         """K."""
         return len(self.train_offsets) - 1
 
-    def _split(self, split: str) -> tuple[Tensor, Tensor, Tensor]:
+    def arrays(self, split: str) -> tuple[Tensor, Tensor, Tensor]:
+        """Inputs, targets and offsets of ``split`` (``"train"`` or ``"val"``).
+
+        Public because the samplers gather from it: they live in their own module and should
+        not reach for a private name.
+        """
         if split == "train":
             return self.x_train, self.y_train, self.train_offsets
         if split == "val":
@@ -60,14 +65,14 @@ class FederatedData:
 
     def sizes(self, split: str = "train") -> Tensor:
         """Samples per client in ``split`` (``"train"`` or ``"val"``), int64 [K]."""
-        off = self._split(split)[2]
+        off = self.arrays(split)[2]
         return off[1:] - off[:-1]
 
     def client_slice(self, k: int, split: str = "train") -> tuple[Tensor, Tensor]:
         """Client k's inputs and targets in ``split`` (views, no copy)."""
         if not 0 <= k < self.num_clients:
             raise IndexError(f"client {k} out of range [0, {self.num_clients})")
-        x, y, off = self._split(split)
+        x, y, off = self.arrays(split)
         lo, hi = int(off[k]), int(off[k + 1])
         return x[lo:hi], y[lo:hi]
 
@@ -93,7 +98,7 @@ class FederatedData:
         Computed from the labels themselves (one ``bincount`` over ``client · C + label``), not
         from what the builder recorded, so it is right for every source, synthetic ones too.
         """
-        _, y, off = self._split(split)
+        _, y, off = self.arrays(split)
         k, c = self.num_clients, self.num_classes
         owner = torch.repeat_interleave(torch.arange(k), (off[1:] - off[:-1]).cpu())
         flat = owner * c + y.detach().cpu().long()

@@ -351,9 +351,23 @@ def assign_classes(
     per_client: int,
     rng: np.random.Generator,
 ) -> list[np.ndarray]:
-    """Each client's rows: whole classes, a disjoint share of ``classes`` (``per_client`` = 0),
-    or ``per_client`` classes each, dealt round-robin from a shuffled list so that every class
-    goes to about equally many clients, its rows split evenly among them."""
+    """Each client's rows as whole classes: the few-shot split of FCSG §5.2, where a client's
+    tasks are N of its own classes, so clients differ in *which* classes they can learn.
+
+    With ``per_client`` = 0 each client gets a disjoint share of ``classes``; otherwise
+    ``per_client`` classes each, dealt round-robin from a shuffled list so that every class
+    goes to about equally many clients, its rows split evenly among them.
+
+    Args:
+        labels: int class labels [N].
+        classes: the classes to deal out (e.g. the meta-training classes).
+        num_clients: K.
+        per_client: classes per client (0: a disjoint share).
+        rng: the only source of randomness.
+
+    Raises:
+        ConfigError: ``per_client`` exceeds the number of classes.
+    """
     classes = rng.permutation(classes)
     if per_client == 0:
         holders = {

@@ -102,7 +102,7 @@ class BatchSampler:
                 step can be alive together).
             split: ``"train"`` or ``"val"``.
         """
-        x_all, y_all, _ = self.data._split(split)
+        x_all, y_all, _ = self.data.arrays(split)
         n, b = idx.shape
         key = f"{role}/{split}"
         buf = self._buffers.get(key)
