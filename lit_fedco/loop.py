@@ -25,7 +25,7 @@ import torch
 from lightning.fabric import Fabric
 from torch import Tensor
 
-from lit_fedco.data.federated import BatchSampler, FederatedData
+from lit_fedco.data import BatchSampler, FederatedData
 from lit_fedco.errors import ConfigError
 from lit_fedco.evaluation import Evaluator
 from lit_fedco.executors import Executor

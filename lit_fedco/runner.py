@@ -22,7 +22,7 @@ from omegaconf import DictConfig, OmegaConf
 from tqdm.auto import tqdm
 
 from lit_fedco.config import load_config, problem_params, updater_hparams
-from lit_fedco.data.federated import FederatedData, make_federated
+from lit_fedco.data import FederatedData, make_federated
 from lit_fedco.errors import ConfigError
 from lit_fedco.executors import make_executor
 from lit_fedco.loop import FederatedLoop, LoopConfig

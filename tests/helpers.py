@@ -14,7 +14,7 @@ import numpy as np
 import torch
 from lightning.fabric import Fabric
 
-from lit_fedco.data.federated import FederatedData, make_federated
+from lit_fedco.data import FederatedData, make_federated
 from lit_fedco.executors import make_executor
 from lit_fedco.loop import FederatedLoop, LoopConfig
 from lit_fedco.models import build_model

@@ -12,8 +12,8 @@ from sklearn.metrics import average_precision_score
 from torch import nn
 from torch.func import grad
 
-from lit_fedco.data.federated import make_federated
-from lit_fedco.data.tasks import PositiveSampler, binarize, drop_positives
+from lit_fedco.data import PositiveSampler, make_federated
+from lit_fedco.data.build import binarize, drop_positives
 from lit_fedco.errors import ConfigError
 from lit_fedco.metrics import PooledAveragePrecision
 from lit_fedco.objectives.conditional import (

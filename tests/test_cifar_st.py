@@ -11,8 +11,9 @@ import pytest
 import torch
 from torch.func import functional_call, vmap
 
-from lit_fedco.data.cifar import balanced_validation, load_cifar, step_imbalance
-from lit_fedco.data.federated import make_federated
+from lit_fedco.data import make_federated
+from lit_fedco.data.cifar import load_cifar
+from lit_fedco.data.partition import balanced_validation, step_imbalance
 from lit_fedco.errors import ConfigError
 from lit_fedco.models import build_model
 

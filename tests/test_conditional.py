@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from lit_fedco.data.synthetic import make_invariant_logreg
+from lit_fedco.data.build import make_invariant_logreg
 from lit_fedco.loop import client_generator
 from lit_fedco.models import build_model
 from lit_fedco.objectives.conditional import InvariantLogReg, plugin_gradient

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from lit_fedco.data.federated import BatchSampler, FederatedData, build_federated, make_federated
+from lit_fedco.data import BatchSampler, FederatedData, build_federated, make_federated
 from lit_fedco.data.sources import load_digits_arrays, load_mnist, load_source
 from lit_fedco.errors import ConfigError
 

@@ -13,7 +13,7 @@ import torch
 from lightning.fabric import Fabric
 from torch import nn
 
-from lit_fedco.data.synthetic import make_invariant_logreg
+from lit_fedco.data.build import make_invariant_logreg
 from lit_fedco.executors import make_executor
 from lit_fedco.loop import FederatedLoop, LoopConfig
 from lit_fedco.models import build_model

@@ -13,7 +13,9 @@ from PIL import Image
 from torch import nn
 from torch.func import functional_call, grad
 
-from lit_fedco.data.tasks import TaskSampler, load_omniglot, make_task_data
+from lit_fedco.data import TaskSampler
+from lit_fedco.data.build import make_task_data
+from lit_fedco.data.omniglot import load_omniglot
 from lit_fedco.errors import ConfigError
 from lit_fedco.objectives.base import model_params
 from lit_fedco.objectives.maml import MAML, adapt, maml_loss
@@ -182,7 +184,7 @@ def test_omniglot_is_read_from_a_local_folder(tmp_path):
 
 
 def test_omniglot_task_data_splits_characters(tmp_path):
-    from lit_fedco.data.tasks import omniglot_split
+    from lit_fedco.data.omniglot import omniglot_split
 
     assert omniglot_split(1623) == (1028, 172, 423)
     write_tiny_omniglot(tmp_path, chars=10, drawers=4)  # 20 characters: 13 / 2 / 5

@@ -1,6 +1,8 @@
 """Partitioners: pure functions of the labels and an explicit ``numpy.random.Generator``.
 
-Each returns one sorted ``int64`` index array per client (indices into ``labels``).
+Each returns one sorted ``int64`` index array per client (indices into ``labels``), or, for
+:func:`step_imbalance`, the sorted indices kept. Being pure, they are tested on small label
+arrays without reading any data, and a run's split is fixed by its generator alone.
 """
 
 from __future__ import annotations
@@ -279,3 +281,120 @@ def partition_stats(labels: np.ndarray, parts: list[np.ndarray], num_classes: in
         "sizes": [len(p) for p in parts],
         "class_counts": [np.bincount(labels[p], minlength=num_classes).tolist() for p in parts],
     }
+
+
+def step_imbalance(labels: np.ndarray, ratio: float, rng: np.random.Generator) -> np.ndarray:
+    """Sorted indices kept by the step imbalance of ratio ρ (Buda et al. 2018; Cao et al. 2019).
+
+    The FedDRO paper's CIFAR10-ST / CIFAR100-ST (§6) do not state their construction; they
+    follow this one. Classes ``0 .. C − ⌊C/2⌋ − 1`` (the majority) keep all their samples;
+    each of the last ⌊C/2⌋ classes (the minority) keeps ``max(1, ⌊n_c/ρ⌋)`` of its ``n_c``,
+    drawn uniformly without replacement. ρ = 1 keeps everything; CIFAR10-ST with ρ = 100
+    keeps 5000 images of each of the classes 0-4 and 50 of each of 5-9.
+
+    Args:
+        labels: int class labels ``[N]`` (classes are ``0 .. C − 1``, C = max + 1).
+        ratio: ρ ≥ 1; each of the last ⌊C/2⌋ classes keeps ``max(1, ⌊n_c/ρ⌋)`` samples.
+        rng: draws which minority samples are kept.
+    """
+    if not ratio >= 1:
+        raise ConfigError.bad_value(
+            "data.imbalance_ratio", ratio, "a float >= 1 (n_majority / n_minority)", "100"
+        )
+    c = int(labels.max()) + 1
+    first_minority = c - c // 2
+    keep = []
+    for k in range(c):
+        idx = np.flatnonzero(labels == k)
+        if k >= first_minority and len(idx):
+            n = max(1, int(len(idx) // ratio))
+            idx = rng.choice(idx, size=n, replace=False)
+        keep.append(idx)
+    return np.sort(np.concatenate(keep)).astype(np.int64)
+
+
+def balanced_validation(
+    labels: np.ndarray, num_clients: int, per_client: int, rng: np.random.Generator
+) -> list[np.ndarray]:
+    """For each client ``per_client`` held-out indices with (nearly) equal counts per class.
+
+    Class-balanced like the CIFAR test set the FedDRO paper reports on, so that average,
+    worst-client and worst-class accuracy measure how well the minority classes of a
+    step-imbalanced training set are learnt. Remainders go to different classes for different
+    clients. Within a class, clients take consecutive slices of one shuffled order, so they
+    are disjoint while the class lasts and wrap around (reusing samples) beyond.
+    """
+    if per_client < 1:
+        raise ConfigError.bad_value("data.val_per_client", per_client, "an int >= 1", "100")
+    classes = np.unique(labels)
+    c = len(classes)
+    order = {k: rng.permutation(np.flatnonzero(labels == k)) for k in classes}
+    used = dict.fromkeys(classes, 0)
+    out = []
+    for client in range(num_clients):
+        base, extra = divmod(per_client, c)
+        chosen = []
+        for j, k in enumerate(classes):
+            n = base + (1 if (j - client) % c < extra else 0)
+            pool = order[k]
+            take = pool[(used[k] + np.arange(n)) % len(pool)]
+            used[k] += n
+            chosen.append(take)
+        out.append(np.sort(np.concatenate(chosen)).astype(np.int64))
+    return out
+
+
+def assign_classes(
+    labels: np.ndarray,
+    classes: np.ndarray,
+    num_clients: int,
+    per_client: int,
+    rng: np.random.Generator,
+) -> list[np.ndarray]:
+    """Each client's rows as whole classes: the few-shot split of FCSG §5.2, where a client's
+    tasks are N of its own classes, so clients differ in *which* classes they can learn.
+
+    With ``per_client`` = 0 each client gets a disjoint share of ``classes``; otherwise
+    ``per_client`` classes each, dealt round-robin from a shuffled list so that every class
+    goes to about equally many clients, its rows split evenly among them.
+
+    Args:
+        labels: int class labels [N].
+        classes: the classes to deal out (e.g. the meta-training classes).
+        num_clients: K.
+        per_client: classes per client (0: a disjoint share).
+        rng: the only source of randomness.
+
+    Raises:
+        ConfigError: ``per_client`` exceeds the number of classes.
+    """
+    classes = rng.permutation(classes)
+    if per_client == 0:
+        holders = {
+            int(c): [k] for k, part in enumerate(np.array_split(classes, num_clients)) for c in part
+        }
+    else:
+        if per_client > len(classes):
+            raise ConfigError.bad_value(
+                "data.classes_per_client",
+                per_client,
+                f"at most the {len(classes)} classes",
+                str(len(classes)),
+            )
+        holders = {int(c): [] for c in classes}
+        deck = np.concatenate([classes] * (num_clients * per_client // len(classes) + 1))
+        pos = 0
+        for k in range(num_clients):
+            mine: set[int] = set()
+            while len(mine) < per_client:
+                c = int(deck[pos % len(deck)])
+                pos += 1
+                if c not in mine:
+                    mine.add(c)
+                    holders[c].append(k)
+    parts: list[list[int]] = [[] for _ in range(num_clients)]
+    for c, ks in holders.items():
+        rows = rng.permutation(np.flatnonzero(labels == c))
+        for k, share in zip(ks, np.array_split(rows, len(ks)), strict=True):
+            parts[k].extend(share.tolist())
+    return [np.sort(np.asarray(p, dtype=np.int64)) for p in parts]

@@ -1,5 +1,10 @@
 """Real data sources: scikit-learn's digits (embedded) and MNIST / Fashion-MNIST from a local
-folder through torchvision's own dataset classes. Nothing is downloaded."""
+folder through torchvision's own dataset classes; :func:`load_source` also hands out CIFAR's
+pools (read by :mod:`lit_fedco.data.cifar`). Nothing is downloaded.
+
+Readers only: nothing here knows about clients. The bottom layer of ``lit_fedco.data``
+(with ``cifar`` and ``omniglot``); partitions, samplers and the container never read files.
+"""
 
 from __future__ import annotations
 
@@ -17,6 +22,7 @@ import torch
 from torch import Tensor
 from torchvision.datasets import MNIST, FashionMNIST
 
+from lit_fedco.data.cifar import load_cifar_pools
 from lit_fedco.errors import ConfigError
 
 SOURCES = ("digits", "mnist", "fashion_mnist", "cifar10", "cifar100")
@@ -271,7 +277,5 @@ def load_source(name: str, data_dir: str | Path = "") -> Arrays:
         x_test, y_test = load_mnist(root, train=False, fashion=fashion)
         return x_train, y_train, x_test, y_test, 10
     if name in ("cifar10", "cifar100"):  # torchvision's CIFAR classes, standardised per channel
-        from lit_fedco.data.cifar import load_st_source
-
-        return load_st_source(f"{name}_st", data_dir)
+        return load_cifar_pools(name, data_dir)
     raise ConfigError.bad_value("data.name", name, f"one of {SOURCES}", "digits")

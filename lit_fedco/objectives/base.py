@@ -25,7 +25,7 @@ from lit_fedco.protocol import RoundContext
 if TYPE_CHECKING:
     from torchmetrics import Metric
 
-    from lit_fedco.data.federated import BatchSampler, FederatedData
+    from lit_fedco.data import BatchSampler, FederatedData
 
 Batch = dict[str, Tensor]
 """One client's minibatch: ``{"x": inputs [b, ...], "y": targets [b]}``."""
@@ -117,7 +117,7 @@ class Objective:
     # Data and evaluation hooks (FCSG's task and positive samplers, AP, MAML's adaptation).
     def make_sampler(self, data: FederatedData, seed: int) -> BatchSampler:
         """The minibatch sampler the loop draws with; plain per-client minibatches by default."""
-        from lit_fedco.data.federated import BatchSampler
+        from lit_fedco.data import BatchSampler
 
         return BatchSampler(data, seed)
 

@@ -46,7 +46,7 @@ from lit_fedco.state import tree_leaves, tree_map
 if TYPE_CHECKING:
     from torchmetrics import Metric
 
-    from lit_fedco.data.federated import BatchSampler, FederatedData
+    from lit_fedco.data import BatchSampler, FederatedData
 
 
 def plugin_gradient(
@@ -261,7 +261,7 @@ class AveragePrecision(BinaryScorer, ConditionalObjective):
         return ap_surrogate(y, batch["y"])
 
     def make_sampler(self, data: FederatedData, seed: int) -> BatchSampler:
-        from lit_fedco.data.tasks import PositiveSampler
+        from lit_fedco.data import PositiveSampler
 
         return PositiveSampler(data, seed, self.positives)
 

@@ -42,7 +42,7 @@ from lit_fedco.objectives.conditional import ConditionalObjective
 from lit_fedco.state import tree_map
 
 if TYPE_CHECKING:
-    from lit_fedco.data.federated import BatchSampler, FederatedData
+    from lit_fedco.data import BatchSampler, FederatedData
 
 LossFn = Callable[[Params, Tensor, Tensor], Tensor]
 """``loss(params, inputs, labels) -> scalar`` (the mean loss of a batch)."""
@@ -166,7 +166,7 @@ class FewShot(Objective):
         return self.ways
 
     def make_sampler(self, data: FederatedData, seed: int) -> BatchSampler:
-        from lit_fedco.data.tasks import TaskSampler
+        from lit_fedco.data import TaskSampler
 
         return TaskSampler(data, seed, self.ways, self.shots + self.queries)
 
@@ -182,7 +182,7 @@ class FewShot(Objective):
         """Query logits after ``eval_steps`` steps on each task's support set, for
         ``eval_tasks`` tasks per client drawn from its rows with a fixed generator (the same
         tasks at every evaluation). Clients with too few classes are skipped."""
-        from lit_fedco.data.tasks import rows_by_class, sample_task_rows
+        from lit_fedco.data.samplers import rows_by_class, sample_task_rows
 
         per_class = self.shots + self.queries
         owners = owner.cpu().numpy()

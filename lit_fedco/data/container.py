@@ -1,0 +1,221 @@
+"""The federated container: every client's data in flat tensors, and its partition statistics.
+
+Samples are stored contiguously per client (client k's training rows are
+``train_offsets[k]:train_offsets[k+1]``), so a batch for all cohort clients is one gather and
+moving the data to a device is four copies, however many clients there are.
+
+This module knows nothing about where the data come from or how they were split: builders
+(:mod:`lit_fedco.data.build`) hand :func:`build_federated` index arrays, samplers
+(:mod:`lit_fedco.data.samplers`) read the offsets.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from lit_fedco.data import partition as P
+
+
+@dataclass
+class FederatedData:
+    """All clients' training and validation data.
+
+    Attributes:
+        x_train, y_train: training samples, grouped by client.
+        train_offsets: int64 [K + 1]; client k owns rows ``offsets[k]:offsets[k+1]``.
+        x_val, y_val, val_offsets: the same for validation.
+        num_classes: C.
+        name: the source's name.
+        stats: what the builder recorded (sizes and class counts per client under ``"train"``
+            and ``"val"``, a synthetic source's ground truth, an imbalance ratio).
+    """
+
+    x_train: Tensor
+    y_train: Tensor
+    train_offsets: Tensor
+    x_val: Tensor
+    y_val: Tensor
+    val_offsets: Tensor
+    num_classes: int
+    name: str
+    stats: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def num_clients(self) -> int:
+        """K."""
+        return len(self.train_offsets) - 1
+
+    def arrays(self, split: str) -> tuple[Tensor, Tensor, Tensor]:
+        """Inputs, targets and offsets of ``split`` (``"train"`` or ``"val"``).
+
+        Public because the samplers gather from it: they live in their own module and should
+        not reach for a private name.
+        """
+        if split == "train":
+            return self.x_train, self.y_train, self.train_offsets
+        if split == "val":
+            return self.x_val, self.y_val, self.val_offsets
+        raise ValueError(f"split: got {split!r}, expected 'train' or 'val'")
+
+    def sizes(self, split: str = "train") -> Tensor:
+        """Samples per client in ``split`` (``"train"`` or ``"val"``), int64 [K]."""
+        off = self.arrays(split)[2]
+        return off[1:] - off[:-1]
+
+    def client_slice(self, k: int, split: str = "train") -> tuple[Tensor, Tensor]:
+        """Client k's inputs and targets in ``split`` (views, no copy)."""
+        if not 0 <= k < self.num_clients:
+            raise IndexError(f"client {k} out of range [0, {self.num_clients})")
+        x, y, off = self.arrays(split)
+        lo, hi = int(off[k]), int(off[k + 1])
+        return x[lo:hi], y[lo:hi]
+
+    def to(self, device: torch.device | str, dtype: torch.dtype | None = None) -> FederatedData:
+        """A copy on ``device`` with floating inputs cast to ``dtype`` (offsets stay on CPU)."""
+
+        def mv(t: Tensor) -> Tensor:
+            return (
+                t.to(device, dtype) if dtype is not None and t.is_floating_point() else t.to(device)
+            )
+
+        return replace(
+            self,
+            x_train=mv(self.x_train),
+            y_train=self.y_train.to(device),
+            x_val=mv(self.x_val),
+            y_val=self.y_val.to(device),
+        )
+
+    def class_counts(self, split: str = "train") -> Tensor:
+        """Samples of each class held by each client in ``split``, int64 ``[K, C]``.
+
+        Computed from the labels themselves (one ``bincount`` over ``client · C + label``), not
+        from what the builder recorded, so it is right for every source, synthetic ones too.
+        """
+        _, y, off = self.arrays(split)
+        k, c = self.num_clients, self.num_classes
+        owner = torch.repeat_interleave(torch.arange(k), (off[1:] - off[:-1]).cpu())
+        flat = owner * c + y.detach().cpu().long()
+        return torch.bincount(flat, minlength=k * c).view(k, c)
+
+    def partition_stats(self) -> dict[str, Any]:
+        """The partition's statistics: clients, sizes and class mix, as plain Python values.
+
+        Printed and logged at the start of every run, because how the data are split (one big
+        client and many small ones, a dominant class, a step imbalance) decides what an
+        algorithm's result means. Plain lists and ints, so the dict goes to JSON or W&B as is.
+
+        Returns:
+            ``name``, ``num_clients`` (K), ``num_classes`` (C), ``train_sizes`` and
+            ``val_sizes`` (K ints), ``train_class_counts`` and ``val_class_counts``
+            (K lists of C ints).
+        """
+        return {
+            "name": self.name,
+            "num_clients": self.num_clients,
+            "num_classes": self.num_classes,
+            "train_sizes": self.sizes("train").tolist(),
+            "val_sizes": self.sizes("val").tolist(),
+            "train_class_counts": self.class_counts("train").tolist(),
+            "val_class_counts": self.class_counts("val").tolist(),
+        }
+
+    def describe(self) -> str:
+        """A short table: client, training and validation sizes, classes present."""
+        lines = [f"{self.name}: {self.num_clients} clients, {self.num_classes} classes"]
+        lines.append(f"{'client':>6} {'n_train':>8} {'n_val':>6}  classes (train)")
+        tr, va = self.sizes("train"), self.sizes("val")
+        counts = self.stats.get("train", {}).get("class_counts", [])
+        for k in range(self.num_clients):
+            present = [c for c, n in enumerate(counts[k]) if n] if counts else []
+            lines.append(f"{k:>6} {int(tr[k]):>8} {int(va[k]):>6}  {present}")
+        return "\n".join(lines)
+
+
+def _spread(values: list[int]) -> str:
+    """``min 20, median 20, max 1000`` of a list of counts."""
+    if not values:
+        return "none"
+    return f"min {min(values)}, median {statistics.median(values):g}, max {max(values)}"
+
+
+def _mix(counts: list[int], top: int = 10) -> str:
+    """A client's class mix, ``class:count`` for the classes it holds; with many classes the
+    ``top`` largest and how many more, so that a line stays readable for CIFAR-100."""
+    held = [(c, n) for c, n in enumerate(counts) if n]
+    if len(held) > top:
+        shown = sorted(held, key=lambda cn: -cn[1])[:top]
+        return " ".join(f"{c}:{n}" for c, n in shown) + f" (+{len(held) - top} more)"
+    return " ".join(f"{c}:{n}" for c, n in held)
+
+
+def format_partition_stats(stats: dict[str, Any], max_clients: int = 4) -> str:
+    """A few lines summarising :meth:`FederatedData.partition_stats`.
+
+    Sizes and numbers of classes per client as min / median / max, then the first
+    ``max_clients`` clients one per line: one line per client would bury the run's output
+    with K = 1000.
+
+    Args:
+        stats: the dict returned by :meth:`FederatedData.partition_stats`.
+        max_clients: clients listed individually.
+    """
+    k, tr, va = stats["num_clients"], stats["train_sizes"], stats["val_sizes"]
+    held = [sum(1 for n in row if n) for row in stats["train_class_counts"]]
+    lines = [
+        f"{stats['name']}: {k} clients, {stats['num_classes']} classes, "
+        f"{sum(tr)} training and {sum(va)} validation samples",
+        f"  training samples per client:   {_spread(tr)}",
+        f"  validation samples per client: {_spread(va)}",
+        f"  classes per client (training): {_spread(held)}",
+    ]
+    for i in range(min(k, max_clients)):
+        mix = _mix(stats["train_class_counts"][i])
+        lines.append(f"  client {i}: {tr[i]} train, {va[i]} val; classes {mix}")
+    if k > max_clients:
+        lines.append(f"  ... {k - max_clients} more clients")
+    return "\n".join(lines)
+
+
+def _concat(x: Tensor, y: Tensor, parts: list[np.ndarray]) -> tuple[Tensor, Tensor, Tensor]:
+    idx = torch.from_numpy(np.concatenate(parts).astype(np.int64))
+    sizes = torch.tensor([0] + [len(p) for p in parts], dtype=torch.int64)
+    return x[idx].contiguous(), y[idx].contiguous(), sizes.cumsum(0)
+
+
+def build_federated(
+    x_pool: Tensor,
+    y_pool: Tensor,
+    x_test: Tensor,
+    y_test: Tensor,
+    parts: list[np.ndarray],
+    val_parts: list[np.ndarray],
+    num_classes: int,
+    name: str,
+) -> FederatedData:
+    """Gather each client's training rows (from the pool) and validation rows (from the
+    held-out pool) into contiguous per-client blocks.
+
+    Args:
+        x_pool, y_pool: the training pool.
+        x_test, y_test: the held-out pool.
+        parts: each client's row indices into the training pool (a partitioner's output).
+        val_parts: each client's row indices into the held-out pool.
+        num_classes: C.
+        name: the data set's name.
+    """
+    if len(parts) != len(val_parts):
+        raise ValueError("parts and val_parts must have one entry per client")
+    x_tr, y_tr, off_tr = _concat(x_pool, y_pool, parts)
+    x_va, y_va, off_va = _concat(x_test, y_test, val_parts)
+    stats = {
+        "train": P.partition_stats(y_pool.numpy(), parts, num_classes),
+        "val": P.partition_stats(y_test.numpy(), val_parts, num_classes),
+    }
+    return FederatedData(x_tr, y_tr, off_tr, x_va, y_va, off_va, num_classes, name, stats)

@@ -1,0 +1,71 @@
+"""Omniglot read from a local folder by torchvision's own ``Omniglot`` class.
+
+Only reading lives here (the few-shot task data are built by :mod:`lit_fedco.data.build`):
+``DIR/omniglot-py/images_{background,evaluation}/<alphabet>/<character>/*.png``, unzipped;
+nothing is downloaded. Images are resized to 28×28 as in MAML's Omniglot experiments.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import torch
+from PIL import Image
+from torch import Tensor
+from torchvision.datasets import Omniglot
+
+from lit_fedco.errors import ConfigError
+
+OMNIGLOT_SPLIT = (1028, 172, 423)
+"""Train / validation / test characters (Vinyals et al. 2016; Torchmeta's split sizes)."""
+
+
+def omniglot_split(n: int) -> tuple[int, int, int]:
+    """Train / validation / test character counts: 1028/172/423 for the full 1623, the same
+    proportions for a partial copy."""
+    full = sum(OMNIGLOT_SPLIT)
+    if n == full:
+        return OMNIGLOT_SPLIT
+    n_tr, n_va = round(n * OMNIGLOT_SPLIT[0] / full), round(n * OMNIGLOT_SPLIT[1] / full)
+    return n_tr, n_va, n - n_tr - n_va
+
+
+def load_omniglot(data_dir: str | Path) -> tuple[Tensor, Tensor]:
+    """All 1623 Omniglot characters (background then evaluation alphabets) as 28×28 images in
+    [0, 1] (ink = 1), labelled by character, read by torchvision's ``Omniglot`` class from
+    ``data_dir/omniglot-py/images_{background,evaluation}/<alphabet>/<character>/*.png``.
+
+    Raises:
+        ConfigError: the folders are not there; the message says where they belong.
+    """
+    if not str(data_dir):
+        raise ConfigError(
+            "data.data_dir: empty, expected the folder holding omniglot-py/ (the unzipped "
+            "images_background and images_evaluation of the Omniglot distribution)"
+        )
+    root = Path(data_dir).expanduser()
+
+    class _Local(Omniglot):
+        """torchvision's class reading unzipped folders (it checks the zip files otherwise)."""
+
+        def _check_integrity(self) -> bool:
+            return (Path(self.root) / self._get_target_folder()).is_dir()
+
+    images, labels, offset = [], [], 0
+    for background in (True, False):
+        try:
+            ds = _Local(str(root), background=background, download=False)
+        except RuntimeError:
+            folder = "images_background" if background else "images_evaluation"
+            raise ConfigError(
+                f"data.data_dir: got {str(root)!r}, expected the Omniglot folder "
+                f"{root / 'omniglot-py' / folder}/<alphabet>/<character>/*.png"
+            ) from None
+        for i in range(len(ds)):
+            img, c = ds[i]
+            small = img.resize((28, 28), Image.Resampling.LANCZOS)
+            images.append(1.0 - torch.tensor(np.asarray(small, dtype=np.float32)) / 255.0)
+            labels.append(c + offset)
+        offset += len(ds._characters)
+    return torch.stack(images).unsqueeze(1), torch.tensor(labels, dtype=torch.int64)

@@ -1,0 +1,269 @@
+"""Typed, validated data specs: one frozen dataclass per builder, holding the keys it reads.
+
+The run's ``data`` config node (:class:`lit_fedco.config.DataConfig`) holds the keys of every
+data set; each builder reads only some of them. A spec names exactly those, so a builder
+cannot read a key it does not declare, a missing key fails when the spec is made (not halfway
+through building), and every range check runs before any file is read — the first error a
+user sees is the one-line :class:`~lit_fedco.errors.ConfigError`, not a traceback from deep
+inside a reader.
+
+:meth:`DataSpecBase.of` converts any object with the attributes (``DataConfig`` plus ``seed``,
+a ``SimpleNamespace``) into a spec, so callers keep passing what they have always passed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import MISSING, dataclass
+from typing import TypeVar
+
+from lit_fedco.data import partition as P
+from lit_fedco.errors import ConfigError
+
+ST_SOURCES = ("digits_st", "cifar10_st", "cifar100_st")
+"""Step-imbalanced sources (:class:`StepImbalancedSpec`)."""
+ST_PARTITIONS = ("iid", "dirichlet")
+"""Splits of a step-imbalanced pool."""
+TASK_SOURCES = ("digits", "omniglot")
+"""Sources of few-shot task data (``partition=classes``, :class:`TaskSpec`)."""
+VAL_MODES = ("client", "all")
+
+S = TypeVar("S", bound="DataSpecBase")
+
+
+def _at_least_one(key: str, value: int, example: str) -> None:
+    if value < 1:
+        raise ConfigError.bad_value(key, value, "an int >= 1", example)
+
+
+@dataclass(frozen=True)
+class DataSpecBase:
+    """The conversion every spec shares."""
+
+    @classmethod
+    def of(cls: type[S], spec: object) -> S:
+        """``spec`` itself if it is already a ``cls``, else a ``cls`` from its attributes.
+
+        Attributes the spec does not declare are ignored (a ``DataConfig`` holds the keys of
+        every data set); a field with a default may be absent.
+
+        Raises:
+            TypeError: ``spec`` lacks a field that has no default.
+            ConfigError: a value out of range (the spec's ``__post_init__``).
+        """
+        if isinstance(spec, cls):
+            return spec
+        values, missing = {}, []
+        for f in dataclasses.fields(cls):
+            if hasattr(spec, f.name):
+                values[f.name] = getattr(spec, f.name)
+            elif f.default is MISSING:
+                missing.append(f.name)
+        if missing:
+            raise TypeError(
+                f"{cls.__name__}: the data spec has no {', '.join(missing)}; pass a "
+                "DataConfig-like object with these attributes (and seed)"
+            )
+        return cls(**values)
+
+
+@dataclass(frozen=True)
+class PartitionedSpec(DataSpecBase):
+    """A real source (``digits``, ``mnist``, ``fashion_mnist``, ``cifar10``, ``cifar100``) split
+    over the clients by a partitioner (:mod:`lit_fedco.data.partition`).
+
+    Attributes:
+        name: the source (:func:`lit_fedco.data.sources.load_source`).
+        data_dir: the folder the source's files are read from (unused by ``digits``).
+        partition: ``quantity``, ``iid``, ``dirichlet`` or ``dominant_class``.
+        num_clients: K.
+        big: training samples of the big client (``quantity``).
+        small: training samples of each small client (``quantity``).
+        small_classes: classes each small client draws from (``quantity``; 0: all).
+        alpha: the Dirichlet concentration α (``dirichlet``).
+        rho: the dominant class's share ρ (``dominant_class``).
+        val_per_client: validation samples per client (``val_mode=client``).
+        seed: the run's seed; the partition's generator is named (seed, 12345).
+        val_mode: ``client`` (each client's class proportions) or ``all`` (the whole held-out
+            set, split evenly).
+        binary: relabel classes [0, C/2) as 0 and [C/2, C) as 1 (FCSG §5.3).
+        drop_positive: fraction of training positives removed when ``binary`` (FCSG: 0.8).
+    """
+
+    name: str
+    data_dir: str
+    partition: str
+    num_clients: int
+    big: int
+    small: int
+    small_classes: int
+    alpha: float
+    rho: float
+    val_per_client: int
+    seed: int
+    val_mode: str = "client"
+    binary: bool = False
+    drop_positive: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.partition not in P.PARTITIONS:
+            raise ConfigError.bad_value(
+                "data.partition", self.partition, f"one of {P.PARTITIONS}", "quantity"
+            )
+        _at_least_one("data.val_per_client", self.val_per_client, "100")
+        if self.val_mode not in VAL_MODES:
+            raise ConfigError.bad_value("data.val_mode", self.val_mode, "'client' or 'all'", "all")
+        if self.binary and not 0.0 <= self.drop_positive < 1.0:
+            raise ConfigError.bad_value(
+                "data.drop_positive", self.drop_positive, "a float in [0, 1)", "0.8"
+            )
+
+
+@dataclass(frozen=True)
+class StepImbalancedSpec(DataSpecBase):
+    """A step-imbalanced source (``digits_st``, ``cifar10_st``, ``cifar100_st``; FedDRO §6).
+
+    Attributes:
+        name: one of :data:`ST_SOURCES`.
+        data_dir: the CIFAR folder (unused by ``digits_st``).
+        partition: ``iid`` (the paper's equal split) or ``dirichlet``.
+        num_clients: K.
+        alpha: the Dirichlet concentration α (``dirichlet``).
+        val_per_client: class-balanced validation samples per client.
+        seed: the run's seed; the imbalance and the split are drawn from (seed, 12345).
+        imbalance_ratio: ρ >= 1; the minority classes keep 1/ρ of their samples.
+    """
+
+    name: str
+    data_dir: str
+    partition: str
+    num_clients: int
+    alpha: float
+    val_per_client: int
+    seed: int
+    imbalance_ratio: float = 10.0
+
+    def __post_init__(self) -> None:
+        # The builder has always read the ratio as a float (it is recorded in the stats).
+        object.__setattr__(self, "imbalance_ratio", float(self.imbalance_ratio))
+        if self.name not in ST_SOURCES:
+            raise ConfigError.bad_value("data.name", self.name, f"one of {ST_SOURCES}", "digits_st")
+        if not self.imbalance_ratio >= 1:
+            raise ConfigError.bad_value(
+                "data.imbalance_ratio",
+                self.imbalance_ratio,
+                "a float >= 1 (n_majority / n_minority)",
+                "100",
+            )
+        if self.partition not in ST_PARTITIONS:
+            raise ConfigError.bad_value(
+                "data.partition",
+                self.partition,
+                f"one of {ST_PARTITIONS} for {self.name}",
+                "iid",
+            )
+        _at_least_one("data.val_per_client", self.val_per_client, "100")
+
+
+@dataclass(frozen=True)
+class InvariantLogRegSpec(DataSpecBase):
+    """The synthetic invariant logistic regression data (``invariant_logreg``, FCSG §5.1).
+
+    Attributes:
+        num_clients: K (the paper: 16).
+        dim: d, features of a (the paper: 10).
+        sigma1: σ₁ of a ~ N(0, σ₁² I_d).
+        train_per_client: outer samples ξ = (a, b) per client.
+        val_per_client: test samples per client (the paper: 16 · 3125 = 50000 in all).
+        seed: the run's seed; x* and every sample are drawn from (seed, 0x1A7).
+    """
+
+    num_clients: int
+    dim: int
+    sigma1: float
+    train_per_client: int
+    val_per_client: int
+    seed: int
+
+    def __post_init__(self) -> None:
+        _at_least_one("data.num_clients", self.num_clients, "16")
+        _at_least_one("data.dim", self.dim, "16")
+        _at_least_one("data.train_per_client", self.train_per_client, "16")
+        _at_least_one("data.val_per_client", self.val_per_client, "16")
+        if not self.sigma1 > 0:
+            raise ConfigError.bad_value("data.sigma1", self.sigma1, "a float > 0", "1.0")
+
+
+@dataclass(frozen=True)
+class TaskSpec(DataSpecBase):
+    """Few-shot task data (``partition=classes`` on ``digits`` or ``omniglot``, FCSG §5.2).
+
+    Attributes:
+        name: one of :data:`TASK_SOURCES`.
+        data_dir: the Omniglot folder (unused by ``digits``).
+        num_clients: K.
+        rotations: copies rotated by multiples of 90° that count as classes of their own.
+        classes_per_client: classes each client holds (0: a disjoint share of them all).
+        heldout_classes: base digits held out for evaluation (``digits`` only).
+        seed: the run's seed; classes are dealt by a generator named (seed, 12345).
+    """
+
+    name: str
+    data_dir: str
+    num_clients: int
+    rotations: int
+    classes_per_client: int
+    heldout_classes: int
+    seed: int
+
+    def __post_init__(self) -> None:
+        if self.name not in TASK_SOURCES:
+            raise ConfigError.bad_value(
+                "data.name", self.name, f"one of {TASK_SOURCES} with partition=classes", "digits"
+            )
+        if self.name == "digits" and not 1 <= self.heldout_classes <= 9:
+            raise ConfigError.bad_value(
+                "data.heldout_classes", self.heldout_classes, "an int in [1, 9]", "3"
+            )
+        if self.rotations not in (1, 2, 3, 4):
+            raise ConfigError.bad_value("data.rotations", self.rotations, "1, 2, 3 or 4", "4")
+        _at_least_one("data.num_clients", self.num_clients, "16")
+
+
+DataSpec = PartitionedSpec | StepImbalancedSpec | InvariantLogRegSpec | TaskSpec
+"""Every typed data spec."""
+
+
+def data_spec(spec: object) -> DataSpec:
+    """The typed, validated spec of the data set that a ``DataConfig``-like ``spec`` describes.
+
+    Which one is decided by ``name`` and ``partition`` (the order matters: a ``*_st`` source is
+    step-imbalanced whatever its ``partition``):
+
+    - ``name`` ending in ``_st`` → :class:`StepImbalancedSpec`;
+    - ``name == "invariant_logreg"`` → :class:`InvariantLogRegSpec`;
+    - ``partition == "classes"`` → :class:`TaskSpec`;
+    - otherwise → :class:`PartitionedSpec`.
+
+    Cheap (it reads no file), so a runner can check the data config before starting any
+    process.
+
+    Args:
+        spec: any object with the ``data`` config's attributes plus ``seed``, or a typed spec
+            (returned as it is).
+
+    Raises:
+        ConfigError: a value out of range. TypeError: a missing attribute.
+    """
+    if isinstance(spec, PartitionedSpec | StepImbalancedSpec | InvariantLogRegSpec | TaskSpec):
+        return spec
+    name = getattr(spec, "name", None)
+    if not isinstance(name, str):
+        raise TypeError(f"data spec: expected an object with a str attribute name, got {spec!r}")
+    if name.endswith("_st"):
+        return StepImbalancedSpec.of(spec)
+    if name == "invariant_logreg":  # FCSG §5.1, synthetic
+        return InvariantLogRegSpec.of(spec)
+    if getattr(spec, "partition", None) == "classes":  # few-shot tasks from a client's classes
+        return TaskSpec.of(spec)
+    return PartitionedSpec.of(spec)
