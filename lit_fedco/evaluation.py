@@ -12,14 +12,14 @@ import math
 from collections.abc import Iterator
 from typing import Any
 
-import numpy as np
 import torch
 from torch import Tensor
 
-from lit_fedco.data.federated import FederatedData
+from lit_fedco.data import FederatedData
 from lit_fedco.executors import Executor
 from lit_fedco.metrics import PerClientClassification
 from lit_fedco.round import ClientStore
+from lit_fedco.seeding import generator
 from lit_fedco.state import State, broadcast, tree_map
 from lit_fedco.updaters.base import CompositionalUpdater
 
@@ -90,8 +90,7 @@ class Evaluator:
         out = []
         for k in self.clients.tolist():
             lo, n_k = int(offsets[k]), int(offsets[k + 1] - offsets[k])
-            state = np.random.SeedSequence([self.seed, k, 0x5099]).generate_state(2)
-            g = torch.Generator().manual_seed(int(state[0]) << 32 | int(state[1]))
+            g = generator(self.seed, k, 0x5099)
             local = (
                 torch.randperm(n_k, generator=g)[:size]
                 if n_k >= size

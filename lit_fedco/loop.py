@@ -20,7 +20,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 from lightning.fabric import Fabric
 from torch import Tensor
@@ -31,6 +30,7 @@ from lit_fedco.evaluation import Evaluator
 from lit_fedco.executors import Executor
 from lit_fedco.protocol import RoundInfo
 from lit_fedco.round import FabricComm, federated_round, make_store
+from lit_fedco.seeding import generator
 from lit_fedco.state import State, tree_map
 from lit_fedco.updaters.base import CompositionalUpdater
 
@@ -79,15 +79,13 @@ def sample_cohort(seed: int, round_idx: int, num_clients: int, m: int) -> Tensor
     """The sorted ids of the m clients of round ``round_idx``; identical on every rank."""
     if m >= num_clients:
         return torch.arange(num_clients)
-    state = np.random.SeedSequence([seed, round_idx, 0xC0407]).generate_state(2)
-    g = torch.Generator().manual_seed(int(state[0]) << 32 | int(state[1]))
+    g = generator(seed, round_idx, 0xC0407)
     return torch.randperm(num_clients, generator=g)[:m].sort().values
 
 
 def client_generator(seed: int, client: int, round_idx: int) -> torch.Generator:
     """A generator for client ``client``'s conditional samples in round ``round_idx``."""
-    state = np.random.SeedSequence([seed, client, round_idx, 0xA06]).generate_state(2)
-    return torch.Generator().manual_seed(int(state[0]) << 32 | int(state[1]))
+    return generator(seed, client, round_idx, 0xA06)
 
 
 class FederatedLoop:

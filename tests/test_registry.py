@@ -19,7 +19,7 @@ import pytest
 import torch
 from lightning.fabric import Fabric
 
-from lit_fedco.data.federated import make_federated
+from lit_fedco.data import make_federated
 from lit_fedco.executors import make_executor
 from lit_fedco.loop import FederatedLoop, LoopConfig
 from lit_fedco.models import build_model

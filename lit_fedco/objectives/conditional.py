@@ -239,7 +239,7 @@ class AveragePrecision(BinaryScorer, ConditionalObjective):
     """The AP surrogate (FCSG eq. 6): ``F(x) = E_{ξ⁺} f(E_ξ g(x; ξ⁺, ξ))`` with
     ``g = (1(y = 1) ℓ, ℓ) ∈ R²`` and ``f(u₁, u₂) = −u₁/u₂``, on scores ``h = sigmoid(score)``
     (bounded, as in Qi et al. 2021's SOAP). The batch's positives are the outer samples ξ⁺ and
-    all its rows the inner samples; :class:`~lit_fedco.data.tasks.PositiveSampler` puts
+    all its rows the inner samples; :class:`~lit_fedco.data.samplers.PositiveSampler` puts
     ``positives`` positives in every batch.
 
     Args:

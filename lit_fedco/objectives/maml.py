@@ -13,7 +13,7 @@ meta-gradient); ``first_order=True`` stops the gradient at the inner gradient (f
 MAML: ∇F̂ ≈ mean_i ∇L(y_i; Q_i)). It takes any per-batch loss ``loss(params, x, y)``, so other
 updaters (ComFedL-MAML) reuse it.
 
-Task batches are laid out as in :mod:`lit_fedco.data.tasks` (T tasks × N classes × (K + Q)
+Task batches are laid out as in :mod:`lit_fedco.data.samplers` (T tasks × N classes × (K + Q)
 rows, support first); labels are the class positions 0..N−1.
 """
 
@@ -120,7 +120,7 @@ def relative_labels(ways: int, per_class: int, device: torch.device | None = Non
 
 class FewShot(Objective):
     """Shared by the objectives of the few-shot task: task batches from
-    :class:`~lit_fedco.data.tasks.TaskSampler`, cross-entropy over the N ways, and
+    :class:`~lit_fedco.data.samplers.TaskSampler`, cross-entropy over the N ways, and
     evaluation after ``eval_steps`` adaptation steps on tasks drawn from each client's
     held-out classes.
 
