@@ -118,9 +118,11 @@ class RunConfig:
             spinning on a shared machine slow every step.
         save_checkpoint: write ``<out_dir>/<run>.ckpt`` at the end of each run.
         resume: a checkpoint to continue from (one updater, one seed).
-        objective: a registered problem (``invariant_logreg``, ``auprc``, ``maml``) whose
-            objectives the updaters train, with its parameters under its name; empty: each
-            updater's own objective.
+        objective: a registered problem (``client_dro``, ``sample_dro``, ``pfl``,
+            ``invariant_logreg``, ``auprc``, ``maml``) whose objectives every updater trains,
+            with its parameters under its name; empty: each updater's default problem
+            (``client_dro`` for ComFedL, ``sample_dro`` for the FedDRO family, ``pfl`` for the
+            MAML methods) or plain empirical risk.
         variants: run everything once per entry, each a space-separated list of
             ``key=value`` overrides applied after the command line (e.g.
             ``"invariant_logreg.m=100"``); empty: one run of the config as it is.
@@ -291,12 +293,18 @@ def updater_hparams(cfg: DictConfig, name: str) -> Hparams:
         raise err.under(name) from None
 
 
-def problem_params(cfg: DictConfig) -> ProblemParams:
-    """Build (and range-check) the parameters of the configured problem ``cfg.objective``."""
-    cls = get_problem(cfg.objective).params_cls
-    values = OmegaConf.to_container(cfg[cfg.objective], resolve=True)
+def problem_name(cfg: DictConfig, updater: str) -> str:
+    """The problem updater ``updater`` trains on: the run's ``objective`` or, when it names
+    none, the updater's default problem (empty: plain empirical risk)."""
+    return str(cfg.objective) or get_updater(updater).default_problem
+
+
+def problem_params(cfg: DictConfig, name: str) -> ProblemParams:
+    """Build (and range-check) the parameters of problem ``name`` from its config node."""
+    cls = get_problem(name).params_cls
+    values = OmegaConf.to_container(cfg[name], resolve=True)
     assert isinstance(values, dict)
     try:
         return cls(**{f.name: values[f.name] for f in dataclasses.fields(cls)})
     except ConfigError as err:
-        raise err.under(cfg.objective) from None
+        raise err.under(name) from None

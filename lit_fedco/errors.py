@@ -9,7 +9,7 @@ class ConfigError(ValueError):
     """Bad user input: the message names the key, the value, what was expected and how to fix it.
 
     Build field errors with :meth:`bad_value` so that a caller that knows where the field sits in
-    the config (``comfedl.gamma`` rather than ``gamma``) can re-key them with :meth:`under`.
+    the config (``client_dro.gamma`` rather than ``gamma``) can re-key them with :meth:`under`.
     """
 
     def __init__(self, message: str, *, key: str | None = None, parts: tuple[Any, ...] = ()):

@@ -21,7 +21,7 @@ from lightning.fabric import Fabric
 from omegaconf import DictConfig, OmegaConf
 from tqdm.auto import tqdm
 
-from lit_fedco.config import load_config, problem_params, updater_hparams
+from lit_fedco.config import load_config, problem_name, problem_params, updater_hparams
 from lit_fedco.data import FederatedData, make_federated
 from lit_fedco.errors import ConfigError
 from lit_fedco.executors import make_executor
@@ -116,13 +116,15 @@ def build_updater(
 ) -> CompositionalUpdater:
     """Updater ``name`` with a model seeded by ``seed``.
 
-    With ``cfg.objective`` set, the problem decides the model's output size and gives the
-    updater the objective of the first of its compositions the problem offers (FCSG the
-    conditional objective, FedAvg the problem's empirical risk); otherwise the updater builds
-    its own objective and the model has one output per class.
+    The run's problem (``cfg.objective``, or the updater's default problem) decides the
+    model's output size and gives the updater the objective of the first of its compositions
+    the problem offers (FCSG the conditional objective, FedAvg the problem's empirical risk);
+    with no problem the updater trains plain empirical risk and the model has one output per
+    class.
     """
     cls = get_updater(name)
-    problem = get_problem(cfg.objective)(problem_params(cfg), data) if cfg.objective else None
+    pname = problem_name(cfg, name)
+    problem = get_problem(pname)(problem_params(cfg, pname), data) if pname else None
     outputs = problem.num_outputs() if problem else data.num_classes
     model = build_model(
         cfg.model.name, tuple(data.x_train.shape[1:]), outputs, seed, cfg.model.hidden
@@ -141,14 +143,12 @@ def run_one(
     loop_cfg = loop_config(cfg, seed)
     run_name = f"{recipe}-{name}-seed{seed}"
     out_dir = Path(cfg.out_dir)
+    resolved = OmegaConf.to_container(cfg, resolve=True)
+    assert isinstance(resolved, dict)
+    # the resolved config as it ran, and what the updater says of itself under its own key
+    logged = {**resolved, "seed": seed, "describe": updater.describe()}
     loggers = (
-        make_loggers(
-            list(cfg.tracking),
-            out_dir,
-            run_name,
-            cfg.project,
-            {**OmegaConf.to_container(cfg, resolve=True), **updater.describe(), "seed": seed},  # type: ignore[dict-item]
-        )
+        make_loggers(list(cfg.tracking), out_dir, run_name, cfg.project, logged)
         if fabric.global_rank == 0
         else []
     )

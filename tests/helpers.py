@@ -18,6 +18,7 @@ from lit_fedco.data import FederatedData, make_federated
 from lit_fedco.executors import make_executor
 from lit_fedco.loop import FederatedLoop, LoopConfig
 from lit_fedco.models import build_model
+from lit_fedco.objectives import get_problem
 from lit_fedco.updaters import get_updater
 
 REPO = Path(__file__).resolve().parent.parent
@@ -42,6 +43,18 @@ def digits_data(num_clients: int = 6, seed: int = 0, **kw) -> FederatedData:
     return make_federated(SimpleNamespace(**cfg))
 
 
+def make_updater(name: str, hparams: dict | None, net, data, problem: dict | None = None):
+    """Updater ``name`` on its default problem (``problem``: that problem's parameters, e.g.
+    ``{"gamma": 0.2}`` for ComFedL's ``client_dro``), as the runner builds it."""
+    cls = get_updater(name)
+    objective = None
+    if cls.default_problem:
+        prob = get_problem(cls.default_problem)
+        params = prob.params_cls(**(problem or {}))
+        objective = prob(params, data).objective_for(cls.compositions, net)
+    return cls(cls.hparams_cls(**(hparams or {})), net, objective)
+
+
 def make_loop(
     name: str = "comfedl",
     hparams: dict | None = None,
@@ -50,14 +63,15 @@ def make_loop(
     fabric: Fabric | None = None,
     data: FederatedData | None = None,
     model: str = "logreg",
+    problem: dict | None = None,
     **loop_kw,
 ) -> FederatedLoop:
-    """A FederatedLoop on small digits data with a fresh 1-process CPU Fabric."""
+    """A FederatedLoop on small digits data with a fresh 1-process CPU Fabric; the updater on
+    its default problem with parameters ``problem``."""
     fabric = fabric or Fabric(accelerator="cpu", devices=1)
     data = data or digits_data()
     net = build_model(model, tuple(data.x_train.shape[1:]), data.num_classes, seed=0, hidden=16)
-    cls = get_updater(name)
-    updater = cls(cls.hparams_cls(**(hparams or {})), net)
+    updater = make_updater(name, hparams, net, data, problem)
     cfg = dict(rounds=3, local_steps=3, cohort=4, batch_size=8, eval_every=1, progress=False)
     cfg.update(loop_kw)
     return FederatedLoop(fabric, updater, data, LoopConfig(**cfg), make_executor(executor), dtype)
@@ -73,7 +87,7 @@ def flat_server(loop: FederatedLoop) -> np.ndarray:
 EXECUTOR_TOL = 1e-10  # float64; the executors differ only in the order of batched sums
 
 
-def assert_executors_agree(name: str, hparams: dict, **kw) -> None:
+def assert_executors_agree(name: str, hparams: dict, **kw) -> None:  # kw: make_loop's
     """The shared parity check: the same run under the vectorized and the sequential executor
     ends with the same server state (rtol/atol 1e-10, float64) and the same logs (rel 1e-9)."""
     import pytest

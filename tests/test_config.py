@@ -7,30 +7,30 @@ import sys
 
 import pytest
 
-from lit_fedco.config import load_config, updater_hparams
+from lit_fedco.config import load_config, problem_name, problem_params, updater_hparams
 from lit_fedco.errors import ConfigError
+from lit_fedco.objectives.dro import ClientDROParams
 from lit_fedco.recipes.comfedl_dro import DEFAULTS
 from lit_fedco.runner import main
-from lit_fedco.updaters import ComFedLHparams
 
 
 def test_defaults_and_overrides_merge_in_order(tmp_path):
     preset = tmp_path / "p.yaml"
-    preset.write_text("rounds: 7\ncomfedl:\n  gamma: 0.2\n")
-    cfg = load_config([f"preset={preset}", "comfedl.gamma=0.3", "updater=fedavg"], DEFAULTS)
+    preset.write_text("rounds: 7\nclient_dro:\n  gamma: 0.2\n")
+    cfg = load_config([f"preset={preset}", "client_dro.gamma=0.3", "updater=fedavg"], DEFAULTS)
     assert cfg.rounds == 7  # preset over recipe default
-    assert cfg.comfedl.gamma == 0.3  # command line over preset
+    assert cfg.client_dro.gamma == 0.3  # command line over preset
     assert list(cfg.updaters) == ["fedavg"]
     assert cfg.local_steps == DEFAULTS["local_steps"]
 
 
 def test_a_preset_extends_its_base_and_overrides_it(tmp_path):
     """A grid preset names its setting under ``extends``: base ← grid ← command line."""
-    (tmp_path / "base.yaml").write_text("rounds: 7\nlocal_steps: 3\ncomfedl:\n  gamma: 0.2\n")
+    (tmp_path / "base.yaml").write_text("rounds: 7\nlocal_steps: 3\nclient_dro:\n  gamma: 0.2\n")
     grid = tmp_path / "grid.yaml"
     grid.write_text(f"extends: {tmp_path / 'base.yaml'}\nlocal_steps: 9\nvariants: ['rounds=2']\n")
-    cfg = load_config([f"preset={grid}", "comfedl.gamma=0.3"], DEFAULTS)
-    assert (cfg.rounds, cfg.local_steps, cfg.comfedl.gamma) == (7, 9, 0.3)
+    cfg = load_config([f"preset={grid}", "client_dro.gamma=0.3"], DEFAULTS)
+    assert (cfg.rounds, cfg.local_steps, cfg.client_dro.gamma) == (7, 9, 0.3)
     assert list(cfg.variants) == ["rounds=2"]
     assert "extends" not in cfg
 
@@ -71,16 +71,14 @@ def test_every_shipped_preset_and_each_of_its_variants_validates(preset, recipe)
     """Keys against the schema, and every updater's hyperparameters against their ranges."""
     import importlib
 
-    from lit_fedco.config import problem_params
-
     defaults = importlib.import_module(f"lit_fedco.recipes.{recipe}").DEFAULTS
     cfg = load_config([f"preset={preset}"], defaults)
     for variant in [*cfg.variants, ""]:
         c = load_config([f"preset={preset}", *variant.split()], defaults)
         for name in c.updaters:
             updater_hparams(c, name)
-        if c.objective:
-            problem_params(c)
+        for name in {problem_name(c, u) for u in c.updaters} - {""}:
+            problem_params(c, name)
 
 
 @pytest.mark.parametrize(
@@ -88,11 +86,14 @@ def test_every_shipped_preset_and_each_of_its_variants_validates(preset, recipe)
     [
         (["roundz=3"], r"roundz: unknown config key .*did you mean 'rounds'"),
         (
-            ["comfedl.gama=0.1"],
-            r"comfedl\.gama: unknown config key .*did you mean 'comfedl\.gamma'",
+            ["client_dro.gama=0.1"],
+            r"client_dro\.gama: unknown config key .*did you mean 'client_dro\.gamma'",
         ),
         (["rounds=many"], r"rounds: got 'many' .*expected a value of type int"),
-        (["comfedl.gamma=abc"], r"comfedl\.gamma: got 'abc' .*expected a value of type float"),
+        (
+            ["client_dro.gamma=abc"],
+            r"client_dro\.gamma: got 'abc' .*expected a value of type float",
+        ),
         (["updater=comfed"], r"updater: got 'comfed', expected one of .*Did you mean 'comfedl'"),
         (["rounds"], r"command line: got 'rounds', expected key=value"),
         (["preset=nope"], r"preset: got 'nope', no such file"),
@@ -103,29 +104,35 @@ def test_bad_keys_and_types_are_rejected(argv, pattern):
         load_config(argv, DEFAULTS)
 
 
+def test_bad_updater_values_are_rejected():
+    cfg = load_config(["comfedl.lr=0"], DEFAULTS)
+    with pytest.raises(ConfigError, match=r"comfedl\.lr: got 0\.0, expected a float > 0"):
+        updater_hparams(cfg, "comfedl")
+
+
 @pytest.mark.parametrize(
     "argv,pattern",
     [
         (
-            ["comfedl.gamma=-1"],
-            r"comfedl\.gamma: got -1\.0, expected a float > 0; set e\.g\. comfedl\.gamma=0\.5",
+            ["client_dro.gamma=-1"],
+            r"client_dro\.gamma: got -1\.0, expected a float > 0 \(γ\); "
+            r"set e\.g\. client_dro\.gamma=0\.5",
         ),
-        (["comfedl.lr=0"], r"comfedl\.lr: got 0\.0, expected a float > 0"),
         (
-            ["comfedl.form=exact"],
-            r"comfedl\.form: got 'exact', expected one of \('stable', 'literal'\)",
+            ["client_dro.form=exact"],
+            r"client_dro\.form: got 'exact', expected one of \('stable', 'literal'\)",
         ),
     ],
 )
-def test_bad_updater_values_are_rejected(argv, pattern):
+def test_bad_problem_values_are_rejected(argv, pattern):
     cfg = load_config(argv, DEFAULTS)
     with pytest.raises(ConfigError, match=pattern):
-        updater_hparams(cfg, "comfedl")
+        problem_params(cfg, "client_dro")
 
 
-def test_hparams_dataclass_validates_directly():
+def test_problem_parameters_validate_directly():
     with pytest.raises(ConfigError, match=r"gamma: got 0\.0, expected a float > 0"):
-        ComFedLHparams(gamma=0.0)
+        ClientDROParams(gamma=0.0)
 
 
 @pytest.mark.parametrize(
@@ -156,12 +163,12 @@ def test_recipe_exits_2_with_one_clear_line_and_writes_nothing(tmp_path, capsys,
 
 def test_command_line_error_has_no_traceback(tmp_path):
     proc = subprocess.run(
-        [sys.executable, "-m", "lit_fedco.recipes.comfedl_dro", "comfedl.gamma=-2"],
+        [sys.executable, "-m", "lit_fedco.recipes.comfedl_dro", "client_dro.gamma=-2"],
         capture_output=True,
         text=True,
         cwd=tmp_path,
         timeout=120,
     )
     assert proc.returncode == 2
-    assert "comfedl.gamma: got -2.0, expected a float > 0" in proc.stderr
+    assert "client_dro.gamma: got -2.0, expected a float > 0" in proc.stderr
     assert "Traceback" not in proc.stderr

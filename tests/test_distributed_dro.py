@@ -21,6 +21,7 @@ from lit_fedco.objectives.distributed import (
     Chi2SampleDRO,
     DistributedObjective,
     KLSampleDRO,
+    SampleDROParams,
     chi2_closed_form_valid,
     chi2_primal,
     chi2_value,
@@ -76,7 +77,7 @@ def client_batches(losses_per_client: list[list[float]]) -> list[dict[str, torch
 
 def distributed_value(obj: DistributedObjective, params, batches) -> torch.Tensor:
     """``f(mean_k g_k) + mean_k h_k`` with the objective's own units (as the updaters use)."""
-    probes = torch.stack([obj.probe(params, b, {}) for b in batches])
+    probes = torch.stack([obj.probe(params, {"value": b}, {}) for b in batches])
     ctx = obj.units(probes)
     g = torch.stack([obj.inner(params, b, ctx) for b in batches]).mean(0)
     h = torch.stack([obj.h(params, b, ctx) for b in batches]).mean(0)
@@ -169,10 +170,10 @@ def test_eq7_direction_with_the_exact_inner_value_is_the_gradient(name, lam):
     batches = client_batches(per_client)
     model = Scalar(0.3)
     obj = make_distributed_objective(name, model, lam, sample_loss=affine)
-    upd = FedDRO(FedDROHparams(objective=name, lam=lam), model, obj)
+    upd = FedDRO(FedDROHparams(), model, obj)
     obj = upd.obj
     w = {"w": torch.tensor([0.3], dtype=torch.float64)}
-    probes = torch.stack([obj.probe(w, b, {}) for b in batches])
+    probes = torch.stack([obj.probe(w, {"value": b}, {}) for b in batches])
     ctx = obj.units(probes)
     y = obj.cohort_mean(probes, ctx)
     u = sum(upd.direction(w, y, b, ctx)[0]["w"] for b in batches) / len(batches)
@@ -193,11 +194,11 @@ def test_kl_no_overflow_at_small_lambda_with_losses_near_10(dtype):
     assert math.isinf(torch.exp(torch.tensor(10.0 / lam, dtype=dtype)).item())  # literal form
     per_client = [[9.8, 10.1, 10.3], [10.0, 9.9, 10.2]]
     model = Scalar(0.0).to(dtype)
-    upd = FedDRO(FedDROHparams(objective="kl", lam=lam), model, KLSampleDRO(model, lam, affine))
+    upd = FedDRO(FedDROHparams(), model, KLSampleDRO(model, lam, affine))
     obj = upd.obj
     batches = [{k: v.to(dtype) for k, v in b.items()} for b in client_batches(per_client)]
     w = {"w": torch.zeros(1, dtype=dtype)}
-    probes = torch.stack([obj.probe(w, b, {}) for b in batches])
+    probes = torch.stack([obj.probe(w, {"value": b}, {}) for b in batches])
     ctx = obj.units(probes)
     y = obj.cohort_mean(probes, ctx)
     value = obj.f(y, ctx)
@@ -242,9 +243,11 @@ def test_kl_reads_an_estimate_below_the_range_of_g_at_the_least_value_of_g():
 
 
 def test_bad_objective_settings_raise_config_errors():
-    with pytest.raises(ConfigError, match="objective: got 'cvar'"):
+    with pytest.raises(ConfigError, match="kind: got 'cvar'"):
         make_distributed_objective("cvar", Scalar(0.0), 1.0)
     with pytest.raises(ConfigError, match="lam: got -1"):
         KLSampleDRO(Scalar(0.0), lam=-1.0)
     with pytest.raises(ConfigError, match=r"lam: got 0\.0"):
-        FedDROHparams(lam=0.0)
+        SampleDROParams(lam=0.0)
+    with pytest.raises(ConfigError, match="kind: got 'cvar'"):
+        SampleDROParams(kind="cvar")

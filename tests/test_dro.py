@@ -78,7 +78,7 @@ def test_stable_and_literal_forms_give_the_same_direction():
     ]
     literal = ClientKLDRO(model, gamma, "literal")
     stable = ClientKLDRO(model, gamma, "stable")
-    probes = torch.stack([stable.probe(params, b, {}) for b in batches])
+    probes = torch.stack([stable.probe(params, {"inner": b}, {}) for b in batches])
     ctx = stable.round_context(probes).broadcast
     u_lit = [_client_direction(literal, params, b, {})[0] for b in batches]
     u_st = [_client_direction(stable, params, b, ctx)[0] for b in batches]

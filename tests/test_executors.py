@@ -11,15 +11,15 @@ TOL = 1e-10  # float64; the two differ only in the order of batched floating-poi
 
 
 @pytest.mark.parametrize(
-    "name,hparams",
+    "name,hparams,problem",
     [
-        ("fedavg", {"lr": 0.1}),
-        ("comfedl", {"lr": 0.05, "gamma": 0.5, "form": "stable"}),
-        ("comfedl", {"lr": 0.005, "gamma": 1.0, "form": "literal"}),
+        ("fedavg", {"lr": 0.1}, None),
+        ("comfedl", {"lr": 0.05}, {"gamma": 0.5, "form": "stable"}),
+        ("comfedl", {"lr": 0.005}, {"gamma": 1.0, "form": "literal"}),
     ],
 )
-def test_vectorized_equals_sequential(name, hparams):
-    assert_executors_agree(name, hparams)
+def test_vectorized_equals_sequential(name, hparams, problem):
+    assert_executors_agree(name, hparams, problem=problem)
 
 
 def test_chunked_vectorized_equals_unchunked():

@@ -21,11 +21,10 @@ from lit_fedco.examples.theorem41 import (
     simulate,
     true_grad_norm,
 )
-from lit_fedco.objectives.distributed import Chi2SampleDRO
+from lit_fedco.objectives.distributed import Chi2SampleDRO, SampleDROParams
 from lit_fedco.protocol import RoundContext, RoundInfo
 from lit_fedco.updaters.feddro import (
     MBSGD,
-    DistributedHparams,
     DistributedUpdater,
     DSFedDRO,
     DSFedDROHparams,
@@ -57,7 +56,7 @@ def test_feddro_estimator_matches_a_hand_computation_on_two_clients():
     lam, lr, beta, w0, y0 = 2.0, 0.1, 0.3, 0.5, 1.2
     model = Scalar(w0)
     obj = Chi2SampleDRO(model, lam, sample_loss=quad)
-    upd = FedDRO(FedDROHparams(lr=lr, beta=beta, objective="chi2", lam=lam), model, obj)
+    upd = FedDRO(FedDROHparams(lr=lr, beta=beta), model, obj)
     grad_b = [(1.0, 0.0), (3.0, 1.0)]  # ζ_k
     value_b = [(2.0, 1.0), (1.0, -1.0)]  # ζ'_k
 
@@ -177,8 +176,8 @@ def test_hparams_are_validated_with_the_key_in_the_message():
         DSFedDROHparams(gamma_y=-1.0)
     with pytest.raises(ConfigError, match="case: got 'III'"):
         FedAvgCOHparams(case="III")
-    with pytest.raises(ConfigError, match="objective: got 'cvar'"):
-        DistributedHparams(objective="cvar")
+    with pytest.raises(ConfigError, match="kind: got 'cvar'"):
+        SampleDROParams(kind="cvar")
 
 
 def test_communication_per_client_per_round():
@@ -205,22 +204,22 @@ def test_communication_per_client_per_round():
 
 
 @pytest.mark.parametrize(
-    "name,hparams",
+    "name,hparams,problem",
     [
-        ("feddro", {"lr": 0.1, "beta": 0.3}),
-        ("feddro", {"lr": 0.1, "beta": 0.3, "objective": "chi2", "lam": 3.0}),
-        ("ds_feddro", {"lr": 0.1, "beta": 0.3, "gamma_x": 1.3, "gamma_y": 1.4}),
-        ("fedavg_co", {"lr": 0.1, "case": "II"}),
+        ("feddro", {"lr": 0.1, "beta": 0.3}, None),
+        ("feddro", {"lr": 0.1, "beta": 0.3}, {"kind": "chi2", "lam": 3.0}),
+        ("ds_feddro", {"lr": 0.1, "beta": 0.3, "gamma_x": 1.3, "gamma_y": 1.4}, None),
+        ("fedavg_co", {"lr": 0.1, "case": "II"}, None),
     ],
 )
-def test_vectorized_equals_sequential(name, hparams):
-    assert_executors_agree(name, hparams)
+def test_vectorized_equals_sequential(name, hparams, problem):
+    assert_executors_agree(name, hparams, problem=problem)
 
 
 def _run_recipe(out: Path, devices: int) -> dict:
     args = [
         "updaters=[feddro,ds_feddro]", "rounds=3", "eval_every=3", "local_steps=3",
-        "dtype=float64", "save_checkpoint=true", "feddro.objective=kl", "feddro.lam=0.5",
+        "dtype=float64", "save_checkpoint=true", "sample_dro.kind=kl", "sample_dro.lam=0.5",
         "threads=1",
     ]  # fmt: skip
     results, stdout = run_recipe("feddro", out, devices, *args)

@@ -82,7 +82,7 @@ def test_callbacks_see_every_round_and_evaluation():
 
 
 def test_comfedl_lifts_the_weight_of_the_worst_client():
-    loop = make_loop("comfedl", {"lr": 0.05, "gamma": 0.2}, rounds=2, cohort=6)
+    loop = make_loop("comfedl", {"lr": 0.05}, rounds=2, cohort=6, problem={"gamma": 0.2})
     out = loop.run()
     weights = [out[f"dro/weight_client{k}"] for k in range(6)]
     assert sum(weights) == pytest.approx(1.0)

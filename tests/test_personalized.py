@@ -19,7 +19,7 @@ from lit_fedco.errors import ConfigError
 from lit_fedco.executors import make_executor
 from lit_fedco.loop import FederatedLoop, LoopConfig
 from lit_fedco.models import build_model
-from lit_fedco.objectives.base import model_params
+from lit_fedco.objectives.base import Objective, model_params
 from lit_fedco.objectives.dro import kl_dro_primal, kl_dro_value
 from lit_fedco.objectives.maml import maml_loss
 from lit_fedco.objectives.personalized import DAMAML, MetaLearning, PFLParams, PFLProblem
@@ -66,7 +66,7 @@ def test_damaml_value_equals_the_max_over_the_simplex_of_eq9():
     meta = MetaLearning(model, PFLParams(inner_lr=0.3))
     losses = torch.stack([meta.meta_loss(params, b) for b in batches]).detach()
     for gamma in (0.1, 0.5, 2.0):
-        lit = DAMAML(model, PFLParams(inner_lr=0.3), gamma, "literal")
+        lit = DAMAML(model, PFLParams(inner_lr=0.3, gamma=gamma, form="literal"))
         exp_values = torch.stack([lit.value(params, b, {}) for b in batches]).detach()
         closed = gamma * math.log(float(exp_values.mean()))
         numeric = numerical_max_over_simplex(losses, gamma)
@@ -174,8 +174,10 @@ def test_damaml_stable_and_literal_directions_differ_by_one_positive_factor_per_
     params = model_params(model)
     batches = [client_batches(k) for k in range(3)]
     cls = get_updater("comfedl_damaml")
-    stable = cls(cls.hparams_cls(lr=0.1, gamma=0.2, form="stable"), model)
-    literal = cls(cls.hparams_cls(lr=0.1, gamma=0.2, form="literal"), model)
+    stable = cls(cls.hparams_cls(lr=0.1), model, DAMAML(model, PFLParams(gamma=0.2)))
+    literal = cls(
+        cls.hparams_cls(lr=0.1), model, DAMAML(model, PFLParams(gamma=0.2, form="literal"))
+    )
     probes = torch.stack([stable.probe({"x": params}, b, {}) for b in batches]).detach()
     info = RoundInfo(0, 3, torch.arange(3), 1, 0)
     round_ctx = stable.round_context({}, info, probes)
@@ -236,13 +238,8 @@ def run_scalar(name: str, hparams: dict, rounds: int, local_steps: int = 2):
     """Two clients of tests/test_updaters: L_1 = w², L_2 = 2 (w − 1)², through the round the
     loop runs (lit_fedco.round), full participation."""
 
-    class QuadDRFL(get_updater(name)):  # type: ignore[misc, valid-type]
-        def build_objective(self, model):
-            from lit_fedco.objectives.base import Objective
-
-            return Objective(model, sample_loss=quad_loss)
-
-    upd = QuadDRFL(QuadDRFL.hparams_cls(**hparams), Scalar(0.0))
+    cls, model = get_updater(name), Scalar(0.0)
+    upd = cls(cls.hparams_cls(**hparams), model, Objective(model, sample_loss=quad_loss))
     return run_rounds(upd, {"inner": stack(CLIENTS)}, rounds, local_steps)[-1]
 
 
@@ -297,14 +294,9 @@ def test_drfl_weights_follow_the_cohorts_losses():
 def test_ditto_personal_models_reach_their_closed_form():
     """With L_k(v) = s_k (v − t_k)², the global model converges to the FedAvg point and each
     personal model to argmin L_k(v) + λ/2 (v − w)² = (2 s_k t_k + λ w)/(2 s_k + λ)."""
-    from lit_fedco.objectives.base import Objective
-
-    class QuadDitto(get_updater("ditto")):  # type: ignore[misc, valid-type]
-        def build_objective(self, model):
-            return Objective(model, sample_loss=quad_loss)
-
-    lam = 0.5
-    upd = QuadDitto(QuadDitto.hparams_cls(lr=0.05, personal_lr=0.05, lam=lam), Scalar(0.0))
+    lam, cls, model = 0.5, get_updater("ditto"), Scalar(0.0)
+    hp = cls.hparams_cls(lr=0.05, personal_lr=0.05, lam=lam)
+    upd = cls(hp, model, Objective(model, sample_loss=quad_loss))
     store = make_store(upd, upd.init_server(upd.params(), 2), 2)
     # one local step: FedAvg is then gradient descent on the mean
     server = run_rounds(upd, {"inner": stack(CLIENTS)}, 2000, 1, store=store)[-1]
@@ -374,24 +366,24 @@ def test_ditto_is_evaluated_with_its_persistent_personal_models():
 
 
 @pytest.mark.parametrize(
-    ("name", "hparams"),
+    ("name", "hparams", "problem"),
     [
-        ("comfedl_damaml", {"lr": 0.1, "gamma": 0.5}),
-        ("comfedl_damaml", {"lr": 0.0005, "gamma": 0.5, "form": "literal"}),
-        ("fedmaml", {"lr": 0.1}),
-        ("tr_maml", {"lr": 0.1, "lam_lr": 0.1}),
-        ("ditto", {"lr": 0.1}),
-        ("drfl", {"lr": 0.1, "lam_lr": 0.1}),
+        ("comfedl_damaml", {"lr": 0.1}, {"gamma": 0.5}),
+        ("comfedl_damaml", {"lr": 0.0005}, {"gamma": 0.5, "form": "literal"}),
+        ("fedmaml", {"lr": 0.1}, None),
+        ("tr_maml", {"lr": 0.1, "lam_lr": 0.1}, None),
+        ("ditto", {"lr": 0.1}, None),
+        ("drfl", {"lr": 0.1, "lam_lr": 0.1}, None),
     ],
 )
-def test_vectorized_equals_sequential(name, hparams):
-    assert_executors_agree(name, hparams, cohort=4)
+def test_vectorized_equals_sequential(name, hparams, problem):
+    assert_executors_agree(name, hparams, cohort=4, problem=problem)
 
 
 def test_personalised_evaluation_is_the_same_under_both_executors():
     res = {}
     for ex in ("vectorized", "sequential"):
-        loop = pfl_loop("comfedl_damaml", {"lr": 0.1, "gamma": 0.5}, executor=ex)
+        loop = pfl_loop("comfedl_damaml", {"lr": 0.1}, executor=ex)
         res[ex] = loop.run()
     for key, v in res["vectorized"].items():
         assert v == pytest.approx(res["sequential"][key], rel=1e-9, abs=1e-12), key

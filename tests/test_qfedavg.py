@@ -32,9 +32,10 @@ def quad_loss(pred: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
     return target[:, 0] * (pred - target[:, 1]) ** 2
 
 
-class QuadQFedAvg(QFedAvg):
-    def build_objective(self, model):
-        return Objective(model, sample_loss=quad_loss)
+def quad_qfedavg(hparams: QFedAvgHparams) -> QFedAvg:
+    """q-FedAvg on the per-row quadratic losses below."""
+    model = Line(A0, B0)
+    return QFedAvg(hparams, model, Objective(model, sample_loss=quad_loss))
 
 
 # BATCHES[k][t] = client k's batch at local step t: rows (u, s, t).
@@ -83,7 +84,7 @@ def one_round(upd: QFedAvg) -> np.ndarray:
 
 @pytest.mark.parametrize("q", [0.5, 2.0])
 def test_server_update_matches_a_hand_computation(q):
-    upd = QuadQFedAvg(QFedAvgHparams(lr=LR, q=q), Line(A0, B0))
+    upd = quad_qfedavg(QFedAvgHparams(lr=LR, q=q))
     got, want = one_round(upd), by_hand(q)
     assert not np.allclose(want, by_hand(0.0), atol=1e-6)  # q matters on this problem
     np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)

@@ -37,8 +37,11 @@ def test_recipe_writes_a_wandb_offline_run_and_csv(tmp_path):
     runs = list((out / "wandb").glob("offline-run-*"))
     assert len(runs) == 1
     run = read_wandb_offline_run(runs[0])
-    assert run["config"]["rounds"] == 4 and run["config"]["form"] == "stable"
-    assert run["config"]["comfedl"]["gamma"] == 0.5
+    assert run["config"]["rounds"] == 4 and run["config"]["client_dro"]["form"] == "stable"
+    assert run["config"]["client_dro"]["gamma"] == 0.5  # the resolved config
+    ran = run["config"]["describe"]  # what ran, under its own key
+    assert ran["updater"] == "comfedl" and ran["hparams"]["lr"] == 0.05
+    assert ran["objective"] == {"objective": "ClientKLDRO", "gamma": 0.5, "form": "stable"}
     evals = [h for h in run["history"] if "val/acc_worst" in h]
     assert [h["trainer/global_step"] for h in evals] == [2, 4]
     per_class = [evals[-1][f"val/acc_class{c}"] for c in range(10)]  # every class is logged
@@ -51,7 +54,7 @@ def test_recipe_writes_a_wandb_offline_run_and_csv(tmp_path):
     assert len(rows) == 4
     assert float(rows[-1]["val/acc_worst"]) == pytest.approx(evals[-1]["val/acc_worst"])
     hp = yaml.safe_load((csv_dir / "hparams.yaml").read_text())
-    assert hp["updater"] == "comfedl" and hp["data"]["big"] == 200
+    assert hp["describe"]["updater"] == "comfedl" and hp["data"]["big"] == 200
 
 
 def test_comfedl_dro_compares_drfl_and_qfedavg_by_default(tmp_path):
@@ -74,7 +77,7 @@ def test_comfedl_dro_compares_drfl_and_qfedavg_by_default(tmp_path):
     assert min(lam) >= 0 and sum(lam) == pytest.approx(1.0, abs=1e-6)
     assert max(lam) > 0.1 + 1e-4  # three ascent steps moved λ off uniform
     hp = yaml.safe_load((csv_dir / "hparams.yaml").read_text())
-    assert hp["updater"] == "drfl" and hp["lam_lr"] == 0.08
+    assert hp["describe"]["updater"] == "drfl" and hp["describe"]["hparams"]["lam_lr"] == 0.08
 
 
 def test_comfedl_maml_logs_to_wandb_offline_and_csv_with_the_damaml_weights(tmp_path):
@@ -87,7 +90,8 @@ def test_comfedl_maml_logs_to_wandb_offline_and_csv_with_the_damaml_weights(tmp_
     assert "comfedl_damaml" in proc.stdout and "val worst acc" in proc.stdout
     (run_dir,) = list((out / "wandb").glob("offline-run-*"))
     run = read_wandb_offline_run(run_dir)
-    assert run["config"]["objective"] == "DAMAML" and run["config"]["gamma"] == 0.5
+    assert run["config"]["objective"] == "pfl" and run["config"]["pfl"]["gamma"] == 0.5
+    assert run["config"]["describe"]["objective"]["objective"] == "DAMAML"
     assert run["config"]["pfl"]["inner_lr"] == 0.05
     last = [h for h in run["history"] if "val/acc_worst" in h][-1]
     weights = [last[f"dro/weight_client{k}"] for k in range(10)]  # softmax(L/γ) after adaptation

@@ -64,7 +64,7 @@ def conditional(name: str, hparams: dict, **kw) -> FederatedLoop:
 
 TINY: dict[str, tuple[Callable[..., FederatedLoop], dict]] = {
     "fedavg": (plain, {"lr": 0.1}),
-    "comfedl": (plain, {"lr": 0.05, "gamma": 0.5}),
+    "comfedl": (plain, {"lr": 0.05}),
     "qfedavg": (plain, {"lr": 0.05, "q": 0.5}),
     "drfl": (plain, {"lr": 0.05, "lam_lr": 0.1}),
     "ditto": (plain, {"lr": 0.1, "personal_lr": 0.1, "lam": 0.5}),
@@ -73,7 +73,7 @@ TINY: dict[str, tuple[Callable[..., FederatedLoop], dict]] = {
     "fedavg_co": (plain, {"lr": 0.05, "case": "II"}),
     "mbsgd": (plain, {"lr": 0.05}),
     "comfedl_maml": (pfl, {"lr": 0.1}),
-    "comfedl_damaml": (pfl, {"lr": 0.05, "gamma": 0.5}),
+    "comfedl_damaml": (pfl, {"lr": 0.05}),
     "fedmaml": (pfl, {"lr": 0.1}),
     "tr_maml": (pfl, {"lr": 0.1, "lam_lr": 0.1}),
     "fcsg": (conditional, {"lr": 0.1}),

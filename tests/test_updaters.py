@@ -10,9 +10,10 @@ from torch import nn
 from torch.func import grad
 
 from lit_fedco import round as round_
+from lit_fedco.objectives import Objective
 from lit_fedco.objectives.dro import ClientKLDRO, kl_dro_value
 from lit_fedco.state import stack
-from lit_fedco.updaters import ComFedL, ComFedLHparams, FedAvg, Hparams
+from lit_fedco.updaters import ComFedL, FedAvg, Hparams
 
 
 class Scalar(nn.Module):
@@ -31,9 +32,10 @@ def quad_loss(pred: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
     return target[:, 0] * (pred - target[:, 1]) ** 2
 
 
-class QuadComFedL(ComFedL):
-    def build_objective(self, model):
-        return ClientKLDRO(model, self.hparams.gamma, self.hparams.form, sample_loss=quad_loss)
+def quad_comfedl(lr: float, gamma: float, form: str, w0: float) -> ComFedL:
+    """ComFedL on client-level KL-DRO of the two quadratic clients below."""
+    model = Scalar(w0)
+    return ComFedL(Hparams(lr=lr), model, ClientKLDRO(model, gamma, form, sample_loss=quad_loss))
 
 
 # Two clients: L_1(w) = w², L_2(w) = 2 (w − 1)². The worst case max(L_1, L_2) is minimised
@@ -68,7 +70,7 @@ def dro_minimiser(gamma: float) -> float:
 @pytest.mark.parametrize("form,lr,w0", [("stable", 0.05, 3.0), ("literal", 2e-5, 0.55)])
 def test_comfedl_converges_to_the_kl_dro_minimiser(form, lr, w0):
     gamma = 0.1
-    upd = QuadComFedL(ComFedLHparams(lr=lr, gamma=gamma, form=form), Scalar(w0))
+    upd = quad_comfedl(lr, gamma, form, w0)
     w = run_rounds(upd, rounds=400, local_steps=1)
     target = dro_minimiser(gamma)
     assert abs(target - (2 - math.sqrt(2))) < 0.06  # the DRO solution is near the minimax one
@@ -77,18 +79,13 @@ def test_comfedl_converges_to_the_kl_dro_minimiser(form, lr, w0):
 
 def test_literal_form_blows_up_where_the_stable_form_converges():
     """From w = 3 the literal weight exp(L/γ)/γ is ~e⁸⁰: no fixed step size survives it."""
-    upd = QuadComFedL(ComFedLHparams(lr=2e-4, gamma=0.1, form="literal"), Scalar(3.0))
+    upd = quad_comfedl(2e-4, 0.1, "literal", 3.0)
     assert not math.isfinite(run_rounds(upd, rounds=5, local_steps=1))
 
 
 def test_fedavg_converges_to_the_average_minimiser():
-    class QuadFedAvg(FedAvg):
-        def build_objective(self, model):
-            from lit_fedco.objectives import Objective
-
-            return Objective(model, sample_loss=quad_loss)
-
-    upd = QuadFedAvg(Hparams(lr=0.05), Scalar(3.0))
+    model = Scalar(3.0)
+    upd = FedAvg(Hparams(lr=0.05), model, Objective(model, sample_loss=quad_loss))
     # minimiser of (w² + 2 (w − 1)²)/2 is w = 2/3, whatever I (the clients are deterministic)
     assert run_rounds(upd, rounds=200, local_steps=1) == pytest.approx(2 / 3, abs=1e-8)
 
@@ -96,7 +93,7 @@ def test_fedavg_converges_to_the_average_minimiser():
 def test_comfedl_one_step_is_the_gradient_of_the_composite_literal():
     """One literal ComFedL step at every client, averaged, is x − η ∇[(1/K) Σ exp(L_k/γ)]."""
     gamma, lr = 0.5, 0.01
-    upd = QuadComFedL(ComFedLHparams(lr=lr, gamma=gamma, form="literal"), Scalar(0.3))
+    upd = quad_comfedl(lr, gamma, "literal", 0.3)
     w_new = run_rounds(upd, rounds=1, local_steps=1)
 
     def composite(w):

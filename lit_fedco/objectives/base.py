@@ -102,8 +102,9 @@ class Objective:
         return batch
 
     # Round-level hooks (see ComFedL's stable form). The default objective needs none.
-    def probe(self, params: Params, batch: Batch, ctx: Context) -> Tensor | None:
-        """A per-client scalar computed at the broadcast point before local steps, or None."""
+    def probe(self, params: Params, batches: dict[str, Batch], ctx: Context) -> Tensor | None:
+        """A per-client value at the broadcast point on the round's first batches (one per
+        role), computed before the local steps; None: the objective needs none."""
         return None
 
     def round_context(self, probes: Tensor) -> RoundContext:
@@ -151,6 +152,11 @@ class Objective:
         """Metrics evaluated beside per-client accuracy, logged as ``<split>/<name>``; each is
         updated with ``(logits, targets, client)`` and computes a scalar. None by default."""
         return {}
+
+    def step_logs(self, y: Any, batches: dict[str, Batch], ctx: Context) -> dict[str, Tensor]:
+        """Scalars worth logging for a compositional step taken at inner value ``y``: the loss
+        ``{"loss": y}`` when the inner value is a loss (DRO), nothing otherwise."""
+        return {"loss": y} if isinstance(y, Tensor) and y.dim() == 0 else {}
 
     def describe(self) -> dict[str, Any]:
         """What is logged with the run's config to say which form of the objective ran."""

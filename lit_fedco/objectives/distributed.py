@@ -52,6 +52,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import torch
@@ -59,7 +60,16 @@ from torch import Tensor, nn
 from torch.func import grad
 
 from lit_fedco.errors import ConfigError
-from lit_fedco.objectives.base import Batch, Context, Objective, Params, cross_entropy
+from lit_fedco.objectives.base import (
+    Batch,
+    Context,
+    Objective,
+    Params,
+    Problem,
+    ProblemParams,
+    cross_entropy,
+    register_problem,
+)
 from lit_fedco.protocol import RoundContext
 
 DISTRIBUTED_OBJECTIVES = ("kl", "chi2")
@@ -182,9 +192,10 @@ class DistributedObjective(Objective):
         return self.f(g, ctx) + h
 
     # -- units ---------------------------------------------------------------------------
-    def probe(self, params: Params, batch: Batch, ctx: Context) -> Tensor | None:
-        """The client's inner value at the broadcast point in a unit-free form."""
-        return self.inner(params, batch, {})
+    def probe(self, params: Params, batches: dict[str, Batch], ctx: Context) -> Tensor | None:
+        """The client's inner value at the broadcast point in a unit-free form, on the fresh
+        value batch ζ' (``"value"``) of step 0."""
+        return self.inner(params, batches["value"], {})
 
     def units(self, probes: Tensor) -> Context:
         """The round's units, from the cohort's probes ``[m, ...]``; none by default."""
@@ -256,9 +267,10 @@ class KLSampleDRO(DistributedObjective):
         """``λ / max(y, u_min)``: ∇f at the projection of y onto the range of g."""
         return self.lam / torch.maximum(y, self.inner_floor(y, ctx))
 
-    def probe(self, params: Params, batch: Batch, ctx: Context) -> Tensor | None:
-        """``λ log g_k(x; B) = λ (logsumexp(ℓ/λ) − log b)``: no overflow at any λ."""
-        losses = self.losses(params, batch)
+    def probe(self, params: Params, batches: dict[str, Batch], ctx: Context) -> Tensor | None:
+        """``λ log g_k(x; B) = λ (logsumexp(ℓ/λ) − log b)`` on the value batch: no overflow
+        at any λ."""
+        losses = self.losses(params, batches["value"])
         return self.lam * (torch.logsumexp(losses / self.lam, 0) - math.log(losses.shape[0]))
 
     def units(self, probes: Tensor) -> Context:
@@ -296,7 +308,7 @@ def make_distributed_objective(
     lam: float,
     sample_loss: Callable[[Tensor, Tensor], Tensor] = cross_entropy,
 ) -> DistributedObjective:
-    """The objective called ``name``: ``"kl"`` or ``"chi2"`` (config ``<updater>.objective``).
+    """The objective called ``name``: ``"kl"`` or ``"chi2"`` (config ``sample_dro.kind``).
 
     A ``sample_loss`` other than cross-entropy gives the KL form no lower bound of the loss.
     """
@@ -305,4 +317,39 @@ def make_distributed_objective(
         return KLSampleDRO(model, lam, sample_loss, loss_floor=floor)
     if name == "chi2":
         return Chi2SampleDRO(model, lam, sample_loss)
-    raise ConfigError.bad_value("objective", name, f"one of {DISTRIBUTED_OBJECTIVES}", "kl")
+    raise ConfigError.bad_value("kind", name, f"one of {DISTRIBUTED_OBJECTIVES}", "kl")
+
+
+@dataclass(frozen=True)
+class SampleDROParams(ProblemParams):
+    """Sample-level DRO (FedDRO paper §2.1); config node ``sample_dro``.
+
+    Attributes:
+        kind: ``"kl"`` (KL-DRO, λ log mean exp(ℓ/λ)) or ``"chi2"`` (χ²-DRO in closed form).
+        lam: λ > 0, the divergence weight.
+    """
+
+    kind: str = "kl"
+    lam: float = 1.0
+
+    def validate(self) -> None:
+        kinds = DISTRIBUTED_OBJECTIVES
+        self.require("kind", self.kind in kinds, f"one of {kinds}", "kl")
+        self.require("lam", self.lam > 0, "a float > 0 (λ)", "1.0")
+
+
+@register_problem("sample_dro")
+class SampleDROProblem(Problem):
+    """Classification with sample-level DRO over the union of the clients' data (FedDRO
+    paper eq. 2): the FedDRO family gets the distributed composition, the others the empirical
+    risk."""
+
+    params_cls = SampleDROParams
+
+    def objectives(self, model: nn.Module) -> dict[str, Objective]:
+        p = self.params
+        assert isinstance(p, SampleDROParams)
+        return {
+            "distributed": make_distributed_objective(p.kind, model, p.lam),
+            "erm": Objective(model),
+        }

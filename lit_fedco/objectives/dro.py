@@ -24,13 +24,23 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import torch
 from torch import Tensor, nn
 
 from lit_fedco.errors import ConfigError
-from lit_fedco.objectives.base import Batch, Context, Objective, Params, cross_entropy
+from lit_fedco.objectives.base import (
+    Batch,
+    Context,
+    Objective,
+    Params,
+    Problem,
+    ProblemParams,
+    cross_entropy,
+    register_problem,
+)
 from lit_fedco.protocol import RoundContext
 
 FORMS = ("stable", "literal")
@@ -113,9 +123,9 @@ class ClientKLDRO(Objective):
         """``exp(y/γ)`` (literal) or ``γ exp((y − c)/γ)/Z`` (stable, c and Z from ``ctx``)."""
         return exp_outer(y, self.gamma, self.form, ctx)
 
-    def probe(self, params: Params, batch: Batch, ctx: Context) -> Tensor | None:
-        """The client's loss at the broadcast model on its first batch of the round."""
-        return self.losses(params, batch).mean()
+    def probe(self, params: Params, batches: dict[str, Batch], ctx: Context) -> Tensor | None:
+        """The client's loss at the broadcast model on its first inner batch of the round."""
+        return self.losses(params, batches["inner"]).mean()
 
     def round_context(self, probes: Tensor) -> RoundContext:
         """Shift and normaliser for the stable form, and the implied weights for logging."""
@@ -127,3 +137,36 @@ class ClientKLDRO(Objective):
 
     def describe(self) -> dict[str, Any]:
         return {"objective": "ClientKLDRO", "gamma": self.gamma, "form": self.form}
+
+
+@dataclass(frozen=True)
+class ClientDROParams(ProblemParams):
+    """Client-level KL-DRO (ComFedL §5.1); config node ``client_dro``.
+
+    Attributes:
+        gamma: γ > 0, the KL regularisation (paper §5.1: 0.5; grid 0.1, 0.5, 1, 5; the journal
+            version 0.2); small γ is close to the worst client.
+        form: ``"stable"`` (shared log-space shift and normaliser per round; default) or
+            ``"literal"`` (exp(L/γ)/γ as in the paper).
+    """
+
+    gamma: float = 0.5
+    form: str = "stable"
+
+    def validate(self) -> None:
+        self.require("gamma", self.gamma > 0, "a float > 0 (γ)", "0.5")
+        self.require("form", self.form in FORMS, f"one of {FORMS}", "stable")
+
+
+@register_problem("client_dro")
+class ClientDROProblem(Problem):
+    """Classification with client-level KL-DRO (ComFedL §5.1): ComFedL minimises
+    ``γ log mean_k exp(L_k/γ)`` (the local composition :class:`ClientKLDRO`); the baselines
+    (DRFL, q-FedAvg, FedAvg) get the empirical risk and bring their own robustness."""
+
+    params_cls = ClientDROParams
+
+    def objectives(self, model: nn.Module) -> dict[str, Objective]:
+        p = self.params
+        assert isinstance(p, ClientDROParams)
+        return {"local": ClientKLDRO(model, p.gamma, p.form), "erm": Objective(model)}

@@ -46,6 +46,7 @@ from lit_fedco.objectives.base import (
 from lit_fedco.objectives.dro import FORMS, exp_outer, kl_dro_weights, kl_round_context
 from lit_fedco.objectives.maml import adapt, maml_loss
 from lit_fedco.protocol import RoundContext
+from lit_fedco.state import tree_map
 
 
 @dataclass(frozen=True)
@@ -60,6 +61,10 @@ class PFLParams(ProblemParams):
         eval_support: training rows of a client it adapts on at evaluation (0: the run's
             ``batch_size``, the support size it was trained for).
         first_order: first-order MAML (drops the Hessian term); never the default.
+        gamma: γ > 0 of DA-MAML's distribution-agnostic objective (paper: 0.5; grid 0.1, 0.5,
+            1, 5).
+        form: DA-MAML's ``"stable"`` (shared shift and normaliser per round) or ``"literal"``
+            exp(L/γ) form.
     """
 
     inner_lr: float = 0.05
@@ -67,12 +72,16 @@ class PFLParams(ProblemParams):
     eval_steps: int = 1
     eval_support: int = 0
     first_order: bool = False
+    gamma: float = 0.5
+    form: str = "stable"
 
     def validate(self) -> None:
         self.require("inner_lr", self.inner_lr > 0, "a float > 0", "0.05")
         self.require("inner_steps", self.inner_steps >= 1, "an int >= 1", "1")
         self.require("eval_steps", self.eval_steps >= 1, "an int >= 1", "1")
         self.require("eval_support", self.eval_support >= 0, "an int >= 0 (0: batch_size)", "0")
+        self.require("gamma", self.gamma > 0, "a float > 0 (γ)", "0.5")
+        self.require("form", self.form in FORMS, f"one of {FORMS}", "stable")
 
 
 class Personalized(Objective):
@@ -138,27 +147,45 @@ class MetaLearning(Personalized):
     def value(self, params: Params, batches: dict[str, Batch], ctx: Context) -> Tensor:
         return self.meta_loss(params, batches)
 
+    def step_logs(self, y: Any, batches: dict[str, Batch], ctx: Context) -> dict[str, Tensor]:
+        """The query loss ``L_k(y; B̃)`` at the adapted parameters y."""
+        q = batches["outer"]
+        return {"loss": self.batch_loss(tree_map(lambda t: t.detach(), y), q["x"], q["y"])}
+
     def describe(self) -> dict[str, Any]:
         return {"objective": "MetaLearning", "first_order": self.settings.first_order}
 
 
 class DAMAML(MetaLearning):
-    """DA-MAML (ComFedL eq. 10): outer ``exp(L_k(y; B̃)/γ)``, stable or literal.
+    """DA-MAML (ComFedL eq. 10): outer ``exp(L_k(y; B̃)/γ)``, stable or literal (γ and the
+    form from the problem's :class:`PFLParams`). Its own composition key ``"damaml"``: an
+    updater asks for it by name (ComFedL-DAMAML).
 
     Args:
         model: the network.
         params: the problem's :class:`PFLParams`.
-        gamma: γ > 0 (paper: 0.5; grid 0.1, 0.5, 1, 5).
-        form: ``"stable"`` (shared shift and normaliser per round) or ``"literal"``.
     """
 
+    composition: ClassVar[str] = "damaml"
     has_probe: ClassVar[bool] = True
 
-    def __init__(self, model: nn.Module, params: PFLParams, gamma: float, form: str) -> None:
+    def __init__(self, model: nn.Module, params: PFLParams) -> None:
         super().__init__(model, params)
-        if form not in FORMS:
-            raise ConfigError.bad_value("form", form, f"one of {FORMS}", "stable")
-        self.gamma, self.form = float(gamma), form
+        self.gamma, self.form = float(params.gamma), params.form
+
+    def probe(self, params: Params, batches: dict[str, Batch], ctx: Context) -> Tensor | None:
+        """The client's post-adaptation loss ``L_k(x̄ − α ∇L_k(x̄; B); B̃)`` on the round's
+        first batches: the shift and normaliser of the stable form come from the cohort's."""
+        return self.meta_loss(params, batches)
+
+    def step_logs(self, y: Any, batches: dict[str, Batch], ctx: Context) -> dict[str, Tensor]:
+        """The query loss L and the step's multiplier of the MAML direction
+        (``train/step_weight``): ``f′(L) = exp((L − c)/γ)/Z`` (stable; mean 1 over the cohort
+        at the broadcast model) or ``exp(L/γ)/γ`` (literal). Values far above 1 are the large
+        steps the exponential gives a batch whose loss exceeds the round's shift."""
+        logs = super().step_logs(y, batches, ctx)
+        logs["step_weight"] = exp_outer(logs["loss"], self.gamma, self.form, ctx) / self.gamma
+        return logs
 
     def outer(self, y: Any, batch: Batch | None, ctx: Context) -> Tensor:
         """``exp(L_k(y; B̃)/γ)`` or its stable form ``γ exp((L − c)/γ)/Z``."""
@@ -190,4 +217,8 @@ class PFLProblem(Problem):
     def objectives(self, model: nn.Module) -> dict[str, Objective]:
         p = self.params
         assert isinstance(p, PFLParams)
-        return {"local": MetaLearning(model, p), "erm": Personalized(model, p)}
+        return {
+            "local": MetaLearning(model, p),
+            "damaml": DAMAML(model, p),
+            "erm": Personalized(model, p),
+        }

@@ -10,7 +10,7 @@ runs the paper's MNIST setting from a local ``data.data_dir``; its §5.3 grids a
 ``comfedl_dro_mnist_{lr,gamma,drfl,q,tau}_grid``.
 
     python -m lit_fedco.recipes.comfedl_dro
-    python -m lit_fedco.recipes.comfedl_dro comfedl.gamma=0.1 seeds=[0,1,2]
+    python -m lit_fedco.recipes.comfedl_dro client_dro.gamma=0.1 seeds=[0,1,2]
     python -m lit_fedco.recipes.comfedl_dro updater=qfedavg \
         'variants=["qfedavg.q=0.1","qfedavg.q=1"]'
 """
@@ -39,7 +39,10 @@ DEFAULTS: dict[str, Any] = {
         "val_per_client": 100,
     },
     "model": {"name": "logreg"},
-    "comfedl": {"lr": 0.05, "gamma": 0.5, "form": "stable"},
+    # ComFedL on client-level KL-DRO; the baselines on the same problem train empirical risk
+    "objective": "client_dro",
+    "client_dro": {"gamma": 0.5, "form": "stable"},
+    "comfedl": {"lr": 0.05},
     "drfl": {"lr": 0.05, "lam_lr": 0.08},  # ComFedL §5.1: client-weight step 8e-2
     "qfedavg": {"lr": 0.05, "q": 0.2},  # ComFedL §5.1: q = 0.2
     "fedavg": {"lr": 0.05},

@@ -12,7 +12,7 @@ MAML methods and FedAvg, "trained with one step at test time"), or Ditto's perso
     python -m lit_fedco.recipes.comfedl_maml
     python -m lit_fedco.recipes.comfedl_maml seeds=[0,1,2]
     python -m lit_fedco.recipes.comfedl_maml updaters=[comfedl_damaml] \
-        'variants=["comfedl_damaml.gamma=0.1","comfedl_damaml.gamma=5"]'
+        'variants=["pfl.gamma=0.1","pfl.gamma=5"]'
 """
 
 from __future__ import annotations
@@ -43,10 +43,11 @@ DEFAULTS: dict[str, Any] = {
         "val_per_client": 100,
     },
     "model": {"name": "conv4", "hidden": 32},
-    "pfl": {"inner_lr": 0.05, "inner_steps": 1, "eval_steps": 1},
+    # α, and DA-MAML's γ and form (ComFedL §5.2)
+    "pfl": {"inner_lr": 0.05, "inner_steps": 1, "eval_steps": 1, "gamma": 0.5, "form": "stable"},
     # η = 0.05, the arXiv version's value for ComFedL-DAMAML (§5.2, Figure 7); at the journal's
     # 0.1 (batch 16) one of 3 seeds diverged (round 47)
-    "comfedl_damaml": {"lr": 0.05, "gamma": 0.5, "form": "stable"},
+    "comfedl_damaml": {"lr": 0.05},
     "comfedl_maml": {"lr": 0.1},
     "fedmaml": {"lr": 0.1, "hessian": "independent"},  # Per-FedAvg: Hessian on its own batch
     "tr_maml": {"lr": 0.1, "lam_lr": 0.08},

@@ -42,17 +42,12 @@ DEFAULTS: dict[str, Any] = {
         "val_per_client": 60,
     },
     "model": {"name": "mlp", "hidden": 32},
-    "ds_feddro": {
-        "lr": 0.1,
-        "objective": "kl",
-        "lam": 1.0,
-        "beta": 0.5,
-        "gamma_x": 1.3,
-        "gamma_y": 1.4,
-    },
-    "feddro": {"lr": 0.1, "objective": "kl", "lam": 1.0, "beta": 0.5},
-    "fedavg_co": {"lr": 0.1, "objective": "kl", "lam": 1.0, "case": "II"},
-    "mbsgd": {"lr": 0.1, "objective": "kl", "lam": 1.0},
+    "objective": "sample_dro",
+    "sample_dro": {"kind": "kl", "lam": 1.0},
+    "ds_feddro": {"lr": 0.1, "beta": 0.5, "gamma_x": 1.3, "gamma_y": 1.4},
+    "feddro": {"lr": 0.1, "beta": 0.5},
+    "fedavg_co": {"lr": 0.1, "case": "II"},
+    "mbsgd": {"lr": 0.1},
 }
 
 if __name__ == "__main__":

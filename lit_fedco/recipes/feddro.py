@@ -5,7 +5,7 @@ MLP, I = 5, batch 16), with the χ²-divergence objective ``ℓ̄ + Var(ℓ)/(2�
 ``lit_fedco.objectives.distributed``; valid while ``min ℓ ≥ ℓ̄ − λ``, hence λ = 3 for
 cross-entropies that start near log 10 ≈ 2.3). FedDRO shares the scalar ȳ after every local
 step; FedAvg-CO (case II) shares it only with x; the table shows what the extra floats buy.
-``feddro.objective=kl`` runs KL-DRO instead.
+``sample_dro.kind=kl`` runs KL-DRO instead.
 
     python -m lit_fedco.recipes.feddro
     python -m lit_fedco.recipes.feddro updater=feddro local_steps=10
@@ -19,15 +19,10 @@ from lit_fedco.recipes.ds_feddro import COLUMNS
 from lit_fedco.recipes.ds_feddro import DEFAULTS as DS_DEFAULTS
 from lit_fedco.runner import main
 
-OBJECTIVE = {"objective": "chi2", "lam": 3.0}
-
 DEFAULTS: dict[str, Any] = {
     **DS_DEFAULTS,
     "updaters": ["feddro", "fedavg_co", "mbsgd"],
-    "feddro": {**DS_DEFAULTS["feddro"], **OBJECTIVE},
-    "fedavg_co": {**DS_DEFAULTS["fedavg_co"], **OBJECTIVE},
-    "mbsgd": {**DS_DEFAULTS["mbsgd"], **OBJECTIVE},
-    "ds_feddro": {**DS_DEFAULTS["ds_feddro"], **OBJECTIVE},
+    "sample_dro": {"kind": "chi2", "lam": 3.0},
 }
 
 if __name__ == "__main__":

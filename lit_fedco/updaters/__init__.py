@@ -7,7 +7,7 @@ from lit_fedco.updaters.base import (
     get_updater,
     register,
 )
-from lit_fedco.updaters.comfedl import ComFedL, ComFedLDAMAML, ComFedLHparams, ComFedLMAML
+from lit_fedco.updaters.comfedl import ComFedL, ComFedLDAMAML, ComFedLMAML
 from lit_fedco.updaters.fcsg import (
     FCSG,
     FCSGM,
@@ -46,7 +46,6 @@ __all__ = [
     "CODAPlus",
     "ComFedL",
     "ComFedLDAMAML",
-    "ComFedLHparams",
     "ComFedLMAML",
     "CompositionalUpdater",
     "DRFLHparams",

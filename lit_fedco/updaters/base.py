@@ -27,7 +27,7 @@ from torch import Tensor, nn
 from lit_fedco.errors import ConfigError
 from lit_fedco.objectives.base import Batch, Context, Objective, model_params
 from lit_fedco.protocol import RoundContext, RoundInfo, Sync
-from lit_fedco.state import State
+from lit_fedco.state import State, tree_map
 
 
 @dataclass(frozen=True)
@@ -72,9 +72,10 @@ class CompositionalUpdater(Generic[H]):
     Args:
         hparams: an instance of :attr:`hparams_cls`.
         model: the network; used only functionally through the objective.
-        objective: the objective to minimise; :meth:`build_objective` builds it when None
-            (the runner passes the one a configured :class:`~lit_fedco.objectives.Problem`
-            offers for this updater's compositions).
+        objective: the objective to minimise: the one the run's
+            :class:`~lit_fedco.objectives.Problem` offers for :attr:`compositions` (the
+            runner builds it; :attr:`default_problem` when the run names none); plain
+            empirical risk when None.
     """
 
     name: ClassVar[str] = ""
@@ -87,15 +88,20 @@ class CompositionalUpdater(Generic[H]):
     empty: the objective's (``("inner",)``, and ``"outer"`` when its outer function reads a
     batch of its own). The instance's :attr:`batch_roles` is the resolved tuple."""
     compositions: ClassVar[tuple[str, ...]] = ("erm", "local", "distributed", "conditional")
-    """Objective kinds this updater applies to."""
+    """Objective kinds this updater applies to, in order of preference."""
+    default_problem: ClassVar[str] = ""
+    """The problem whose objective this updater trains when the run names none (config
+    ``objective``), e.g. ``"sample_dro"`` for the FedDRO family; empty: empirical risk."""
     needs_probe: ClassVar[bool] = False
     """Whether :meth:`probe` runs every round even when the objective has none (DRFL's
     losses at the broadcast point)."""
     weights_key: ClassVar[str] = ""
     """The server-state entry holding explicit client weights λ (DRFL), logged at every
     evaluation; empty: the objective's implied weights, if any."""
-    probe_role: ClassVar[str] = "inner"
-    """The minibatch of step 0 that the objective's probe reads."""
+    server_steps: ClassVar[dict[str, str]] = {}
+    """Server step sizes: entry → the hyperparameter holding its γ. The server moves such an
+    entry from where the clients started, ``e ← e₀ + γ (mean_k e_k − e₀)``, instead of
+    replacing it by the mean (DS-FedDRO's γ_x, γ_y; γ = 1 is averaging)."""
     broadcast_keys: ClassVar[tuple[str, ...]] = ("x",)
     """Server-state entries every cohort client starts the round from (those present)."""
 
@@ -107,7 +113,7 @@ class CompositionalUpdater(Generic[H]):
             )
         self.hparams: H = hparams
         self.model = model
-        self.objective = objective if objective is not None else self.build_objective(model)
+        self.objective = objective if objective is not None else Objective(model)
         if self.objective.composition not in self.compositions:
             raise ConfigError(
                 f"{self.name}: objective {type(self.objective).__name__} is "
@@ -118,10 +124,6 @@ class CompositionalUpdater(Generic[H]):
         )
 
     # ------------------------------------------------------------------ set-up
-    def build_objective(self, model: nn.Module) -> Objective:
-        """The objective this updater minimises; plain empirical risk by default."""
-        return Objective(model)
-
     def init_server(self, params: dict[str, Tensor], num_clients: int) -> State:
         """Server state at round 0 from the initial parameters; ``{"x": params}`` by default.
 
@@ -164,11 +166,11 @@ class CompositionalUpdater(Generic[H]):
     def probe(self, state: State, batches: dict[str, Batch], ctx: Context) -> Tensor | None:
         """A tensor per client at the broadcast point, on the round's first batches; the round
         gathers the cohort's values (``[m, ...]``) for :meth:`round_context`. By default the
-        objective's probe on the :attr:`probe_role` batch, or, for an objective without one,
-        the client's loss ``F_k(x̄)`` on those batches (DRFL's and TR-MAML's ascent)."""
+        objective's probe, or, for an objective without one, the client's loss ``F_k(x̄)`` on
+        those batches (DRFL's and TR-MAML's ascent)."""
         if not self.objective.has_probe:
             return self.objective.value(state["x"], batches, ctx)
-        return self.objective.probe(state["x"], batches[self.probe_role], ctx)
+        return self.objective.probe(state["x"], batches, ctx)
 
     def upload(self, state: State) -> State:
         """What a client sends at the end of the round; averaged over the cohort. Default:
@@ -188,8 +190,15 @@ class CompositionalUpdater(Generic[H]):
         self, server: State, mean: State, ctx: RoundContext, info: RoundInfo
     ) -> State:
         """New server state from the cohort means (of the uploads, and of the entries synced
-        every step); by default they and ``ctx.server`` replace the server's entries."""
-        return {**server, **ctx.server, **mean}
+        every step); by default they and ``ctx.server`` replace the server's entries, and an
+        entry with a server step size (:attr:`server_steps`) moves from its starting value
+        e₀ (what the round context broadcast, else the server's) by γ (mean − e₀)."""
+        new = {**server, **ctx.server, **mean}
+        for key, field in self.server_steps.items():
+            gamma = getattr(self.hparams, field)
+            start = ctx.broadcast.get(key, server.get(key))
+            new[key] = tree_map(lambda s, m: s + gamma * (m - s), start, mean[key])
+        return new
 
     def client_weights(self, server: State, losses: Tensor) -> Tensor | None:
         """Per-client weights logged at evaluation (``dro/weight_client{k}``), given every
@@ -236,12 +245,12 @@ class CompositionalUpdater(Generic[H]):
         return model_params(self.model)
 
     def describe(self) -> dict[str, Any]:
-        """Logged with the run's config, under ``updater/``: the updater, its hyperparameters,
-        the objective."""
+        """Logged with the run's config under ``describe``: the updater, its hyperparameters and
+        the objective that ran (its class and the parameters it was built with)."""
         return {
             "updater": self.name,
-            **dataclasses.asdict(self.hparams),
-            **self.objective.describe(),
+            "hparams": dataclasses.asdict(self.hparams),
+            "objective": self.objective.describe(),
         }
 
 
@@ -262,6 +271,38 @@ def register(name: str, *, override: bool = False):  # type: ignore[no-untyped-d
         return cls
 
     return deco
+
+
+def combine(
+    name: str,
+    algorithm: type[CompositionalUpdater],
+    *,
+    compositions: tuple[str, ...],
+    default_problem: str = "",
+    hparams_cls: type[Hparams] | None = None,
+    doc: str = "",
+) -> type[CompositionalUpdater]:
+    """Register ``algorithm`` on other objectives under a name of its own: a method that is
+    one algorithm on another composition (ComFedL-MAML is ComFedL on the MAML composition,
+    TR-MAML is DRFL on it). Only declarations change; no method is overridden.
+
+    Args:
+        name: the new updater's name (and config key).
+        algorithm: the registered algorithm it runs.
+        compositions: the objectives it asks the problem for, in order of preference.
+        default_problem: the problem it runs on when the run names none.
+        hparams_cls: its hyperparameters (default: the algorithm's).
+        doc: its docstring (one line: the method, with the paper's equation).
+    """
+    attrs: dict[str, Any] = {
+        "compositions": compositions,
+        "default_problem": default_problem or algorithm.default_problem,
+        "hparams_cls": hparams_cls or algorithm.hparams_cls,
+        "__doc__": doc or algorithm.__doc__,
+        "__module__": algorithm.__module__,
+    }
+    cls = type("".join(w.capitalize() for w in name.split("_")), (algorithm,), attrs)
+    return register(name)(cls)
 
 
 def get_updater(name: str) -> type[CompositionalUpdater]:

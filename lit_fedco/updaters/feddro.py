@@ -29,18 +29,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar, TypeVar
 
-from torch import Tensor, nn
+from torch import Tensor
 from torch.func import grad
 
 from lit_fedco.errors import ConfigError
-from lit_fedco.objectives.base import Batch, Context, Objective, Params
+from lit_fedco.objectives.base import Batch, Context, Params
 from lit_fedco.objectives.distributed import (
-    DISTRIBUTED_OBJECTIVES,
     DistributedObjective,
-    make_distributed_objective,
 )
 from lit_fedco.protocol import RoundContext, RoundInfo, Sync
-from lit_fedco.state import State, tree_axpy, tree_map
+from lit_fedco.state import State, tree_axpy
 from lit_fedco.updaters.base import CompositionalUpdater, Hparams, register
 
 FEDAVG_CO_CASES = ("I", "II")
@@ -48,12 +46,11 @@ FEDAVG_CO_CASES = ("I", "II")
 
 @dataclass(frozen=True)
 class DistributedHparams(Hparams):
-    """Hyperparameters shared by the updaters of this module.
+    """Hyperparameters shared by the updaters of this module (the DRO kind and λ are the
+    problem's: ``sample_dro.kind``, ``sample_dro.lam``).
 
     Attributes:
         lr: η, the client step size.
-        objective: ``"kl"`` (sample-level KL-DRO) or ``"chi2"`` (χ²-DRO), paper §2.1.
-        lam: λ, the divergence weight of the DRO objective.
         lr_decay_round: from this round on, the step size is ``lr · lr_decay`` (paper §6:
             "dropped to 1/10th after 90 communication rounds"); 0 never decays. The round's
             step size is then broadcast with the round context (1 float).
@@ -61,20 +58,11 @@ class DistributedHparams(Hparams):
     """
 
     lr: float = 0.05
-    objective: str = "kl"
-    lam: float = 1.0
     lr_decay_round: int = 0
     lr_decay: float = 0.1
 
     def validate(self) -> None:
         super().validate()
-        self.require(
-            "objective",
-            self.objective in DISTRIBUTED_OBJECTIVES,
-            f"one of {DISTRIBUTED_OBJECTIVES}",
-            "kl",
-        )
-        self.require("lam", self.lam > 0, "a float > 0 (λ)", "1.0")
         self.require("lr_decay_round", self.lr_decay_round >= 0, "an int >= 0 (0: never)", "90")
         self.require("lr_decay", self.lr_decay > 0, "a float > 0", "0.1")
 
@@ -143,16 +131,12 @@ class DistributedUpdater(CompositionalUpdater[HD]):
     hparams_cls: ClassVar[type[Hparams]] = DistributedHparams
     compositions: ClassVar[tuple[str, ...]] = ("distributed",)
     roles: ClassVar[tuple[str, ...]] = ("grad", "value")
-    probe_role: ClassVar[str] = "value"
+    default_problem: ClassVar[str] = "sample_dro"
     client_state: ClassVar[dict[str, Sync]] = {"x": Sync.ROUND, "y": Sync.ROUND}
     y_source: ClassVar[str] = "carried"
     """What the round context's ``"y"`` holds: ``"carried"`` (the server's estimate, converted
     to the round's units; the probe mean at round 0), ``"fresh"`` (the probe mean every round)
     or ``"none"`` (no ``"y"``)."""
-
-    def build_objective(self, model: nn.Module) -> Objective:
-        hp = self.hparams
-        return make_distributed_objective(hp.objective, model, hp.lam)
 
     @property
     def obj(self) -> DistributedObjective:
@@ -273,6 +257,7 @@ class DSFedDRO(DistributedUpdater[DSFedDROHparams]):
     """
 
     hparams_cls = DSFedDROHparams
+    server_steps: ClassVar[dict[str, str]] = {"x": "gamma_x", "y": "gamma_y"}
 
     def client_step(
         self, state: State, batches: dict[str, Batch], ctx: Context, step: int
@@ -284,18 +269,6 @@ class DSFedDRO(DistributedUpdater[DSFedDROHparams]):
         x_new = tree_axpy(-self.step_size(ctx), u, x)
         y_new = (1 - hp.beta) * y + hp.beta * self.inner_value(x_new, batches["value"], ctx)
         return {"x": x_new, "y": y_new}, {"loss": loss}
-
-    def server_update(
-        self, server: State, mean: State, ctx: RoundContext, info: RoundInfo
-    ) -> State:
-        """``x ← x + γ_x (mean_k x_k − x)``, ``y ← y + γ_y (mean_k y_k − y)`` with the y that
-        was broadcast this round (in the round's units)."""
-        hp = self.hparams
-        y0 = ctx.broadcast["y"]
-        new = super().server_update(server, mean, ctx, info)
-        new["x"] = tree_map(lambda s, m: s + hp.gamma_x * (m - s), server["x"], mean["x"])
-        new["y"] = y0 + hp.gamma_y * (mean["y"] - y0)
-        return new
 
 
 @register("fedavg_co")

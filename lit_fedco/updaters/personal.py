@@ -26,7 +26,7 @@ from torch.func import grad
 from lit_fedco.errors import ConfigError
 from lit_fedco.objectives.base import Batch, Context, Objective
 from lit_fedco.objectives.maml import per_fedavg_direction
-from lit_fedco.objectives.personalized import MetaLearning, PFLParams
+from lit_fedco.objectives.personalized import MetaLearning
 from lit_fedco.protocol import RoundInfo, Sync
 from lit_fedco.state import State, tree_axpy, tree_sub
 from lit_fedco.updaters.base import Hparams, register
@@ -59,6 +59,7 @@ class FedMAML(FedAvg[FedMAMLHparams]):
 
     hparams_cls = FedMAMLHparams
     compositions: ClassVar[tuple[str, ...]] = ("local",)
+    default_problem: ClassVar[str] = "pfl"
 
     def __init__(
         self, hparams: FedMAMLHparams, model: nn.Module, objective: Objective | None = None
@@ -80,9 +81,6 @@ class FedMAML(FedAvg[FedMAMLHparams]):
         self.batch_roles = (
             ("inner", "outer", "hessian") if self._independent else ("inner", "outer")
         )
-
-    def build_objective(self, model: nn.Module) -> Objective:
-        return MetaLearning(model, PFLParams())
 
     @property
     def _independent(self) -> bool:

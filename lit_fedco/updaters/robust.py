@@ -24,14 +24,13 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 from torch.func import grad_and_value
 
-from lit_fedco.objectives.base import Batch, Context, Objective
-from lit_fedco.objectives.personalized import MetaLearning, PFLParams
+from lit_fedco.objectives.base import Batch, Context
 from lit_fedco.protocol import RoundContext, RoundInfo
 from lit_fedco.state import State, tree_axpy, tree_map, tree_scale
-from lit_fedco.updaters.base import CompositionalUpdater, Hparams, register
+from lit_fedco.updaters.base import CompositionalUpdater, Hparams, combine, register
 
 
 def project_simplex(v: Tensor) -> Tensor:
@@ -117,13 +116,13 @@ class DRFL(CompositionalUpdater[DRFLHparams]):
         return {**server, "x": x, "lam": lam}
 
 
-@register("tr_maml")
-class TRMAML(DRFL):
-    """TR-MAML (Collins et al. 2020) in the federated form of ComFedL §5.2: DRFL's weights
+TRMAML = combine(
+    "tr_maml",
+    DRFL,
+    compositions=("local",),
+    default_problem="pfl",
+    doc="""TR-MAML (Collins et al. 2020) in the federated form of ComFedL §5.2: DRFL's weights
     and aggregation on the clients' post-adaptation MAML losses; each local step is a MAML
-    step ``x ← x − η ∇ L_k(x − α ∇L_k(x; B); B̃)`` (exact second-order meta-gradient)."""
-
-    compositions: ClassVar[tuple[str, ...]] = ("local",)
-
-    def build_objective(self, model: nn.Module) -> Objective:
-        return MetaLearning(model, PFLParams())
+    step ``x ← x − η ∇ L_k(x − α ∇L_k(x; B); B̃)`` (the pfl problem's MAML composition, exact
+    second-order meta-gradient).""",
+)
