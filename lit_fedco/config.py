@@ -20,7 +20,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigKeyError, OmegaConfBaseException, ValidationError
 
 from lit_fedco.errors import ConfigError
-from lit_fedco.objectives.base import ProblemParams, available_problems, get_problem
+from lit_fedco.problems import ProblemParams, available_problems, get_problem
 from lit_fedco.updaters.base import Hparams, available_updaters, get_updater
 
 PRESET_DIR = Path(__file__).resolve().parent.parent / "recipes"

@@ -18,6 +18,8 @@ from torch import Tensor
 from lit_fedco.data import FederatedData
 from lit_fedco.executors import Executor
 from lit_fedco.metrics import PerClientClassification
+from lit_fedco.problems import Problem
+from lit_fedco.protocol import Sync
 from lit_fedco.round import ClientStore
 from lit_fedco.seeding import generator
 from lit_fedco.state import State, broadcast, tree_map
@@ -25,15 +27,16 @@ from lit_fedco.updaters.base import CompositionalUpdater
 
 
 class Evaluator:
-    """Per-client accuracy and loss on train and validation data, and the objective's extras.
+    """Per-client accuracy and loss on train and validation data, and the problem's extras.
 
     Args:
-        updater: the algorithm (its objective decides outputs, classes and adaptation).
+        updater: the algorithm (its objective, and its kept personal models if any).
+        problem: the task: outputs, classes, extra metrics, adaptation before scoring.
         data: every client's data, on ``device``.
         executor: runs each client's adaptation (personalised FL).
         rank, world: this process and the number of processes.
         seed: seeds the support batches, by (seed, client).
-        support_size: rows of a support batch when the objective does not say.
+        support_size: rows of a support batch when the problem does not say.
         eval_batch: rows per forward pass.
         device: where the data and metrics live.
     """
@@ -41,6 +44,7 @@ class Evaluator:
     def __init__(
         self,
         updater: CompositionalUpdater,
+        problem: Problem,
         data: FederatedData,
         executor: Executor,
         rank: int,
@@ -50,23 +54,25 @@ class Evaluator:
         eval_batch: int,
         device: torch.device,
     ) -> None:
-        self.updater, self.data, self.executor = updater, data, executor
+        self.updater, self.problem, self.data, self.executor = updater, problem, data, executor
         self.seed, self.eval_batch, self.device = seed, eval_batch, device
         k = data.num_clients
         self.clients = torch.arange(rank, k, world)  # the clients this process evaluates
         self.rows = {split: self._rows_of(split) for split in ("train", "val")}
-        objective = updater.objective
+        # each client scored with its own parameters: its kept personal model (Ditto), or the
+        # shared model adapted on a fixed support batch of its own rows (personalised FL)
+        self.kept_personal = updater.client_state.get("personal") is Sync.KEEP
         self.support = (
-            self._support_rows(objective.eval_support or support_size)
-            if updater.personalizes
+            self._support_rows(problem.eval_support or support_size)
+            if self.kept_personal or problem.eval_adapt_steps > 0
             else None
         )
-        classes = objective.eval_classes(data.num_classes)
+        classes = problem.eval_classes()
         self.metrics = {
             split: PerClientClassification(k, classes).to(device) for split in ("train", "val")
         }
         self.extra_metrics = {  # e.g. average precision over all rows of the split
-            split: {name: m.to(device) for name, m in objective.eval_metrics().items()}
+            split: {name: m.to(device) for name, m in problem.eval_metrics().items()}
             for split in ("train", "val")
         }
         self.last_per_client: Tensor | None = None
@@ -101,29 +107,32 @@ class Evaluator:
 
     def personal_params(self, server: State, store: ClientStore) -> State:
         """Every evaluated client's own parameters, stacked ``[n, ...]`` in the order of
-        :attr:`clients`: :meth:`CompositionalUpdater.personal_params` run by the executor."""
-        upd, n = self.updater, len(self.clients)
+        :attr:`clients`: its kept ``"personal"`` model, or the shared model after the problem's
+        adaptation on the client's support batch (run by the executor)."""
+        n = len(self.clients)
+        if self.kept_personal:
+            return store.read(self.clients)["personal"]
         assert self.support is not None
-        state = {"x": broadcast(upd.eval_params(server), n), **store.read(self.clients)}
+        x = broadcast(self.updater.eval_params(server), n)
         support = {"x": self.data.x_train[self.support], "y": self.data.y_train[self.support]}
-        return self.executor.map(
-            lambda s, b, c: upd.personal_params(s, b, c), state, support, {}, n
-        )
+        adapt, objective = self.problem.adapt_for_eval, self.updater.objective
+        return self.executor.map(lambda s, b, c: adapt(objective, s, b), x, support, {}, n)
 
     def _outputs(self, params: Any, split: str) -> Iterator[tuple[Tensor, Tensor, Tensor]]:
         """``(logits, targets, client)`` chunks of this process's rows of ``split``: with the
         shared parameters, or client by client with each one's personal parameters."""
         rows, owner = self.rows[split]
         d = self.data
-        x_all, y_all = (d.x_train, d.y_train) if split == "train" else (d.x_val, d.y_val)
-        objective, chunk = self.updater.objective, self.eval_batch
+        xy = (d.x_train, d.y_train) if split == "train" else (d.x_val, d.y_val)
+        outputs, objective = self.problem.eval_outputs, self.updater.objective
+        chunk, seed = self.eval_batch, self.seed
         if self.support is None:
-            yield from objective.eval_outputs(params, x_all, y_all, rows, owner, chunk)
+            yield from outputs(objective, params, xy, rows, owner, chunk, seed)
             return
         for i, k in enumerate(self.clients.tolist()):
             mask = owner == k
             own = tree_map(lambda v: v[i], params)
-            yield from objective.eval_outputs(own, x_all, y_all, rows[mask], owner[mask], chunk)
+            yield from outputs(objective, own, xy, rows[mask], owner[mask], chunk, seed)
 
     @torch.no_grad()
     def __call__(self, server: State, store: ClientStore, dtype: torch.dtype) -> dict[str, float]:

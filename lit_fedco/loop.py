@@ -24,10 +24,11 @@ import torch
 from lightning.fabric import Fabric
 from torch import Tensor
 
-from lit_fedco.data import BatchSampler, FederatedData
+from lit_fedco.data import FederatedData
 from lit_fedco.errors import ConfigError
 from lit_fedco.evaluation import Evaluator
 from lit_fedco.executors import Executor
+from lit_fedco.problems import Classification, Problem, ProblemParams
 from lit_fedco.protocol import RoundInfo
 from lit_fedco.round import FabricComm, federated_round, make_store
 from lit_fedco.seeding import generator
@@ -98,6 +99,8 @@ class FederatedLoop:
         cfg: the schedule (the updater's ``local_steps`` hyperparameter, when set, wins).
         executor: vectorized or sequential client execution.
         dtype: floating dtype of parameters and data.
+        problem: the task (samplers, conditional samples, evaluation); plain classification
+            when None.
     """
 
     def __init__(
@@ -108,6 +111,7 @@ class FederatedLoop:
         cfg: LoopConfig,
         executor: Executor,
         dtype: torch.dtype = torch.float32,
+        problem: Problem | None = None,
     ) -> None:
         self.fabric, self.updater, self.cfg, self.executor = fabric, updater, cfg, executor
         self.dtype = dtype
@@ -116,8 +120,9 @@ class FederatedLoop:
         cfg.validate(k, self.world)
         self.local_steps = updater.hparams.local_steps or cfg.local_steps
         self.data = data.to(fabric.device, dtype)
-        # The objective may bring its own sampler (FCSG's tasks, or positives in every batch).
-        self.sampler: BatchSampler = updater.objective.make_sampler(self.data, cfg.seed)
+        self.problem = problem or Classification(ProblemParams(), data)
+        # The problem may bring its own sampler (few-shot tasks, or positives in every batch).
+        self.sampler = self.problem.sampler(updater.objective, self.data, cfg.seed)
         self.comm = FabricComm(fabric, dtype)
         params = updater.init_server(updater.params(), k)
         self.server: State = tree_map(lambda t: t.to(fabric.device, dtype), params)
@@ -125,8 +130,8 @@ class FederatedLoop:
         self.round = 0
         self.comm_total = 0.0
         self.evaluate_clients = Evaluator(
-            updater, self.data, executor, self.rank, self.world, cfg.seed, cfg.batch_size,
-            cfg.eval_batch, fabric.device,
+            updater, self.problem, self.data, executor, self.rank, self.world, cfg.seed,
+            cfg.batch_size, cfg.eval_batch, fabric.device,
         )  # fmt: skip
         self.history: list[dict[str, float]] = []
 
@@ -141,7 +146,7 @@ class FederatedLoop:
         idx = self.sampler.sample_round(mine, self.round, self.local_steps, roles, cfg.batch_size)
         gens = (
             [client_generator(cfg.seed, int(c), self.round) for c in mine]
-            if upd.objective.has_augment
+            if self.problem.draws_conditional(upd.objective)
             else []
         )
         self.fabric.call("on_round_start", loop=self, cohort=cohort)
@@ -165,13 +170,13 @@ class FederatedLoop:
         self, idx: Tensor, t: int, roles: tuple[str, ...], gens: list[torch.Generator]
     ) -> dict[str, dict[str, Tensor]]:
         """Step t's minibatch per role for every client of this rank: one gather each, into
-        reused buffers; then the objective's conditional samples, if it draws any."""
+        reused buffers; then the problem's conditional samples, if it draws any."""
         out = {}
         for j, role in enumerate(roles):
             x, y = self.sampler.gather(idx[t, j], role=role)
             out[role] = {"x": x, "y": y}
             if gens:
-                out[role] = self.updater.objective.augment(out[role], gens)
+                out[role] = self.problem.augment(self.updater.objective, out[role], gens)
         return out
 
     def evaluate(self) -> dict[str, float]:

@@ -27,7 +27,7 @@ from lit_fedco.errors import ConfigError
 from lit_fedco.executors import make_executor
 from lit_fedco.loop import FederatedLoop, LoopConfig
 from lit_fedco.models import build_model
-from lit_fedco.objectives.base import get_problem
+from lit_fedco.problems import Classification, Problem, ProblemParams, get_problem
 from lit_fedco.tracking import check_tracking, finalize_loggers, make_loggers
 from lit_fedco.updaters.base import CompositionalUpdater, get_updater
 
@@ -113,24 +113,27 @@ def check_run(cfg: DictConfig) -> None:
 
 def build_updater(
     cfg: DictConfig, name: str, data: FederatedData, seed: int
-) -> CompositionalUpdater:
-    """Updater ``name`` with a model seeded by ``seed``.
+) -> tuple[CompositionalUpdater, Problem]:
+    """Updater ``name`` with a model seeded by ``seed``, and the problem it runs on.
 
-    The run's problem (``cfg.objective``, or the updater's default problem) decides the
-    model's output size and gives the updater the objective of the first of its compositions
-    the problem offers (FCSG the conditional objective, FedAvg the problem's empirical risk);
-    with no problem the updater trains plain empirical risk and the model has one output per
-    class.
+    The run's problem (``cfg.objective``, or the updater's default problem; plain
+    :class:`~lit_fedco.problems.Classification` when neither names one) decides the model's
+    output size and gives the updater the objective of the first of its compositions the
+    problem offers (FCSG the conditional objective, FedAvg the problem's empirical risk).
     """
     cls = get_updater(name)
     pname = problem_name(cfg, name)
-    problem = get_problem(pname)(problem_params(cfg, pname), data) if pname else None
-    outputs = problem.num_outputs() if problem else data.num_classes
-    model = build_model(
-        cfg.model.name, tuple(data.x_train.shape[1:]), outputs, seed, cfg.model.hidden
+    problem = (
+        get_problem(pname)(problem_params(cfg, pname), data)
+        if pname
+        else Classification(ProblemParams(), data)
     )
-    objective = problem.objective_for(cls.compositions, model) if problem else None
-    return cls(updater_hparams(cfg, name), model, objective)
+    model = build_model(
+        cfg.model.name, tuple(data.x_train.shape[1:]), problem.num_outputs(), seed,
+        cfg.model.hidden,
+    )  # fmt: skip
+    objective = problem.objective_for(cls.compositions, model)
+    return cls(updater_hparams(cfg, name), model, objective), problem
 
 
 def run_one(
@@ -139,7 +142,7 @@ def run_one(
     """Run updater ``name`` with ``seed``; returns its final metrics and the loop."""
     dtype = DTYPES[cfg.dtype]
     data = build_data(cfg, seed)
-    updater = build_updater(cfg, name, data, seed)
+    updater, problem = build_updater(cfg, name, data, seed)
     loop_cfg = loop_config(cfg, seed)
     run_name = f"{recipe}-{name}-seed{seed}"
     out_dir = Path(cfg.out_dir)
@@ -152,9 +155,8 @@ def run_one(
         if fabric.global_rank == 0
         else []
     )
-    loop = FederatedLoop(
-        fabric, updater, data, loop_cfg, make_executor(cfg.executor, cfg.chunk_size), dtype
-    )
+    executor = make_executor(cfg.executor, cfg.chunk_size)
+    loop = FederatedLoop(fabric, updater, data, loop_cfg, executor, dtype, problem)
     if cfg.resume:
         loop.load(cfg.resume)
     bar = tqdm(

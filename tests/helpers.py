@@ -18,7 +18,7 @@ from lit_fedco.data import FederatedData, make_federated
 from lit_fedco.executors import make_executor
 from lit_fedco.loop import FederatedLoop, LoopConfig
 from lit_fedco.models import build_model
-from lit_fedco.objectives import get_problem
+from lit_fedco.problems import Classification, get_problem
 from lit_fedco.updaters import get_updater
 
 REPO = Path(__file__).resolve().parent.parent
@@ -45,14 +45,14 @@ def digits_data(num_clients: int = 6, seed: int = 0, **kw) -> FederatedData:
 
 def make_updater(name: str, hparams: dict | None, net, data, problem: dict | None = None):
     """Updater ``name`` on its default problem (``problem``: that problem's parameters, e.g.
-    ``{"gamma": 0.2}`` for ComFedL's ``client_dro``), as the runner builds it."""
+    ``{"gamma": 0.2}`` for ComFedL's ``client_dro``), as the runner builds it; and the problem."""
     cls = get_updater(name)
-    objective = None
-    if cls.default_problem:
-        prob = get_problem(cls.default_problem)
-        params = prob.params_cls(**(problem or {}))
-        objective = prob(params, data).objective_for(cls.compositions, net)
-    return cls(cls.hparams_cls(**(hparams or {})), net, objective)
+    prob_cls = get_problem(cls.default_problem) if cls.default_problem else Classification
+    prob = prob_cls(prob_cls.params_cls(**(problem or {})), data)
+    updater = cls(
+        cls.hparams_cls(**(hparams or {})), net, prob.objective_for(cls.compositions, net)
+    )
+    return updater, prob
 
 
 def make_loop(
@@ -71,10 +71,12 @@ def make_loop(
     fabric = fabric or Fabric(accelerator="cpu", devices=1)
     data = data or digits_data()
     net = build_model(model, tuple(data.x_train.shape[1:]), data.num_classes, seed=0, hidden=16)
-    updater = make_updater(name, hparams, net, data, problem)
+    updater, prob = make_updater(name, hparams, net, data, problem)
     cfg = dict(rounds=3, local_steps=3, cohort=4, batch_size=8, eval_every=1, progress=False)
     cfg.update(loop_kw)
-    return FederatedLoop(fabric, updater, data, LoopConfig(**cfg), make_executor(executor), dtype)
+    return FederatedLoop(
+        fabric, updater, data, LoopConfig(**cfg), make_executor(executor), dtype, prob
+    )
 
 
 def flat_server(loop: FederatedLoop) -> np.ndarray:

@@ -16,12 +16,8 @@ from lit_fedco.data import PositiveSampler, make_federated
 from lit_fedco.data.build import binarize, drop_positives
 from lit_fedco.errors import ConfigError
 from lit_fedco.metrics import PooledAveragePrecision
-from lit_fedco.objectives.conditional import (
-    AUPRCParams,
-    AUPRCProblem,
-    AveragePrecision,
-    auc_minmax_loss,
-)
+from lit_fedco.objectives.conditional import AveragePrecision, auc_minmax_loss
+from lit_fedco.problems import AUPRCParams, AUPRCProblem
 
 
 class Linear(nn.Module):
@@ -52,7 +48,7 @@ def test_ap_surrogate_and_its_gradient_equal_autograd_of_minus_u1_over_u2():
     params = {k: v.detach().clone() for k, v in model.named_parameters()}
     x = torch.randn(9, 3, generator=g, dtype=torch.float64)
     y = torch.tensor([1, 0, 0, 1, 0, 1, 0, 0, 0])
-    obj = AveragePrecision(model, margin=0.7, positives=3)
+    obj = AveragePrecision(model, margin=0.7)
     batch = {"x": x, "y": y}
     value = obj.value(params, {"inner": batch}, {})
     brute = brute_force_ap_surrogate(params, model, x, y, 0.7)

@@ -12,19 +12,30 @@ from lit_fedco.data.build import make_invariant_logreg
 from lit_fedco.loop import client_generator
 from lit_fedco.models import build_model
 from lit_fedco.objectives.conditional import InvariantLogReg, plugin_gradient
+from lit_fedco.problems import InvariantLogRegParams, InvariantLogRegProblem
 
 D, B, M = 4, 3, 5
 LAM, GAMMA, SIGMA2 = 0.001, 10.0, 1.5
+
+
+def invariant_problem(m: int) -> InvariantLogRegProblem:
+    """The §5.1 problem (it draws η | ξ) on a tiny data set of the same kind."""
+    spec = SimpleNamespace(
+        num_clients=1, dim=D, sigma1=1.0, train_per_client=3, val_per_client=3, seed=0
+    )
+    params = InvariantLogRegParams(sigma2=SIGMA2, m=m, lam=LAM, gamma=GAMMA)
+    return InvariantLogRegProblem(params, make_invariant_logreg(spec))
 
 
 def problem(seed: int = 0):
     """A linear score model, a batch of 3 outer samples with 5 inner samples each."""
     g = torch.Generator().manual_seed(seed)
     model = build_model("linear", (D,), 1, seed=seed).double()
-    obj = InvariantLogReg(model, SIGMA2, M, LAM, GAMMA)
+    obj = InvariantLogReg(model, LAM, GAMMA)
     a = torch.randn(1, B, D, generator=g, dtype=torch.float64)
     y = torch.tensor([[1, 0, 1]])
-    batch = obj.augment({"x": a, "y": y}, [torch.Generator().manual_seed(seed + 1)])
+    gens = [torch.Generator().manual_seed(seed + 1)]
+    batch = invariant_problem(M).augment(obj, {"x": a, "y": y}, gens)
     one = {k: v[0] for k, v in batch.items()}  # the single client's batch
     params = {"linear.weight": torch.randn(1, D, generator=g, dtype=torch.float64)}
     return obj, one, params
@@ -62,7 +73,7 @@ def test_plugin_estimator_differs_from_averaging_the_loss_over_eta():
     diff = (g["linear.weight"][0] - mistake).norm() / mistake.norm()
     assert diff > 0.05, diff
     # with one inner sample the two coincide: the difference is the mean inside f
-    obj1 = InvariantLogReg(obj.model, SIGMA2, 1, LAM, GAMMA)
+    obj1 = InvariantLogReg(obj.model, LAM, GAMMA)
     one = {**batch, "eta": batch["eta"][:, :1]}
     g1, _ = plugin_gradient(lambda p: obj1.value(p, {"inner": one}, {}), params)
     s1, e1 = scores[:, :1], batch["eta"][:, :1]
@@ -77,15 +88,16 @@ def test_plugin_estimator_differs_from_averaging_the_loss_over_eta():
 
 def test_augment_draws_eta_around_a_from_each_clients_generator():
     obj, _, _ = problem()
-    obj.m = 20000
+    prob = invariant_problem(20000)
+    assert prob.draws_conditional(obj)
     a = torch.randn(2, 1, D, dtype=torch.float64)
     gens = [client_generator(0, k, 3) for k in (4, 7)]
-    out = obj.augment({"x": a, "y": torch.zeros(2, 1)}, gens)
+    out = prob.augment(obj, {"x": a, "y": torch.zeros(2, 1)}, gens)
     assert out["eta"].shape == (2, 1, 20000, D)
     torch.testing.assert_close(out["eta"].mean(2), a, atol=0.05, rtol=0)
     assert out["eta"].std(2).sub(SIGMA2).abs().max() < 0.05
     # client 7's draws do not depend on client 4 being drawn beside it
-    alone = obj.augment({"x": a[1:], "y": torch.zeros(1, 1)}, [client_generator(0, 7, 3)])
+    alone = prob.augment(obj, {"x": a[1:], "y": torch.zeros(1, 1)}, [client_generator(0, 7, 3)])
     torch.testing.assert_close(alone["eta"][0], out["eta"][1], rtol=0, atol=0)
 
 

@@ -9,7 +9,7 @@ import pytest
 
 from lit_fedco.config import load_config, problem_name, problem_params, updater_hparams
 from lit_fedco.errors import ConfigError
-from lit_fedco.objectives.dro import ClientDROParams
+from lit_fedco.problems import ClientDROParams
 from lit_fedco.recipes.comfedl_dro import DEFAULTS
 from lit_fedco.runner import main
 

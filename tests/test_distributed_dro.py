@@ -21,7 +21,6 @@ from lit_fedco.objectives.distributed import (
     Chi2SampleDRO,
     DistributedObjective,
     KLSampleDRO,
-    SampleDROParams,
     chi2_closed_form_valid,
     chi2_primal,
     chi2_value,
@@ -31,6 +30,7 @@ from lit_fedco.objectives.distributed import (
     kl_sample_weights,
     make_distributed_objective,
 )
+from lit_fedco.problems import SampleDROParams
 from lit_fedco.updaters.feddro import FedDRO, FedDROHparams
 
 NUM_TOL = 1e-6  # SLSQP's optimum, relative to the closed form

@@ -17,11 +17,8 @@ from lit_fedco.data.build import make_invariant_logreg
 from lit_fedco.executors import make_executor
 from lit_fedco.loop import FederatedLoop, LoopConfig
 from lit_fedco.models import build_model
-from lit_fedco.objectives.conditional import (
-    ConditionalObjective,
-    InvariantLogRegParams,
-    InvariantLogRegProblem,
-)
+from lit_fedco.objectives.conditional import ConditionalObjective
+from lit_fedco.problems import InvariantLogRegParams, InvariantLogRegProblem
 from lit_fedco.updaters import get_updater
 from lit_fedco.updaters.fcsg import FCSGM, AccFCSGM, FCSGMHparams
 from tests.helpers import flat_server, run_recipe
@@ -144,7 +141,7 @@ def invariant_loop(name: str, hparams: dict, executor: str, **loop_kw: Any) -> F
     cfg.update(loop_kw)
     fabric = Fabric(accelerator="cpu", devices=1)
     return FederatedLoop(
-        fabric, upd, data, LoopConfig(**cfg), make_executor(executor), torch.float64
+        fabric, upd, data, LoopConfig(**cfg), make_executor(executor), torch.float64, problem
     )
 
 

@@ -21,7 +21,8 @@ from lit_fedco.examples.theorem41 import (
     simulate,
     true_grad_norm,
 )
-from lit_fedco.objectives.distributed import Chi2SampleDRO, SampleDROParams
+from lit_fedco.objectives.distributed import Chi2SampleDRO
+from lit_fedco.problems import SampleDROParams
 from lit_fedco.protocol import RoundContext, RoundInfo
 from lit_fedco.updaters.feddro import (
     MBSGD,

@@ -70,7 +70,7 @@ def flat_fd(f, params, h=1e-6):
 def test_second_order_meta_gradient_matches_finite_differences(net, steps):
     torch.manual_seed(0)
     model = net().double()
-    obj = MAML(model, N, K, Q, inner_lr=0.5, inner_steps=steps, eval_steps=1, eval_tasks=1)
+    obj = MAML(model, N, K, Q, inner_lr=0.5, inner_steps=steps)
     params = model_params(model)
     batch = task_batch()
 
@@ -88,11 +88,11 @@ def test_value_is_outer_of_inner_and_first_order_drops_the_hessian():
     model = TanhMLP().double()
     params = model_params(model)
     batch = task_batch(1)
-    obj = MAML(model, N, K, Q, inner_lr=0.5, inner_steps=1, eval_steps=1, eval_tasks=1)
+    obj = MAML(model, N, K, Q, inner_lr=0.5, inner_steps=1)
     inner = obj.inner(params, batch, {})
     torch.testing.assert_close(obj.value(params, {"inner": batch}, {}), obj.outer(inner, batch, {}))
     # first order: the gradient is mean_i ∇L(y_i; Q_i) at the adapted parameters y_i
-    fo = MAML(model, N, K, Q, 0.5, 1, 1, 1, first_order=True)
+    fo = MAML(model, N, K, Q, 0.5, 1, first_order=True)
     g_fo = grad(lambda p: fo.value(p, {"inner": batch}, {}))(params)
     sx, sy, qx, qy = fo.split(batch)
     expected = {k: torch.zeros_like(v) for k, v in params.items()}
@@ -231,9 +231,10 @@ def test_vectorized_equals_sequential_on_maml(name):
     data = build_data(cfg, 0)
     servers = []
     for ex in ("vectorized", "sequential"):
+        upd, problem = build_updater(cfg, name, data, 0)
         loop = FederatedLoop(
-            Fabric(accelerator="cpu", devices=1), build_updater(cfg, name, data, 0), data,
-            loop_config(cfg, 0), make_executor(ex), torch.float64,
+            Fabric(accelerator="cpu", devices=1), upd, data, loop_config(cfg, 0),
+            make_executor(ex), torch.float64, problem,
         )  # fmt: skip
         loop.run_round()
         servers.append(flat_server(loop))

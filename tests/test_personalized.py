@@ -22,7 +22,8 @@ from lit_fedco.models import build_model
 from lit_fedco.objectives.base import Objective, model_params
 from lit_fedco.objectives.dro import kl_dro_primal, kl_dro_value
 from lit_fedco.objectives.maml import maml_loss
-from lit_fedco.objectives.personalized import DAMAML, MetaLearning, PFLParams, PFLProblem
+from lit_fedco.objectives.personalized import DAMAML, MetaLearning
+from lit_fedco.problems import PFLParams, PFLProblem
 from lit_fedco.protocol import RoundInfo
 from lit_fedco.round import make_store, run_rounds
 from lit_fedco.state import index, stack
@@ -63,10 +64,10 @@ def test_damaml_value_equals_the_max_over_the_simplex_of_eq9():
     model = TanhMLP().double()
     params = model_params(model)
     batches = [client_batches(k) for k in range(4)]
-    meta = MetaLearning(model, PFLParams(inner_lr=0.3))
+    meta = MetaLearning(model, inner_lr=0.3)
     losses = torch.stack([meta.meta_loss(params, b) for b in batches]).detach()
     for gamma in (0.1, 0.5, 2.0):
-        lit = DAMAML(model, PFLParams(inner_lr=0.3, gamma=gamma, form="literal"))
+        lit = DAMAML(model, inner_lr=0.3, gamma=gamma, form="literal")
         exp_values = torch.stack([lit.value(params, b, {}) for b in batches]).detach()
         closed = gamma * math.log(float(exp_values.mean()))
         numeric = numerical_max_over_simplex(losses, gamma)
@@ -88,7 +89,7 @@ def test_comfedl_maml_direction_is_the_maml_meta_gradient(net):
     model = net().double()
     params = model_params(model)
     batches = client_batches(1)
-    obj = MetaLearning(model, PFLParams(inner_lr=0.4))
+    obj = MetaLearning(model, inner_lr=0.4)
     cls = get_updater("comfedl_maml")
     upd = cls(cls.hparams_cls(lr=0.1), model, obj)
     u, _ = upd.direction(params, batches, {})
@@ -107,7 +108,7 @@ def test_comfedl_maml_direction_is_the_maml_meta_gradient(net):
         torch.testing.assert_close(exact[key], fd[key], rtol=1e-6, atol=1e-8)
         torch.testing.assert_close(params[key] - stepped[key], exact[key], rtol=1e-10, atol=1e-12)
     # first-order MAML is a different direction
-    fo = MetaLearning(model, PFLParams(inner_lr=0.4, first_order=True))
+    fo = MetaLearning(model, inner_lr=0.4, first_order=True)
     u_fo, _ = cls(cls.hparams_cls(lr=0.1), model, fo).direction(params, batches, {})
     assert max(float((u_fo[k] - exact[k]).abs().max()) for k in params) > 1e-6
 
@@ -123,7 +124,7 @@ def test_per_fedavg_direction_takes_the_hessian_on_its_own_batch(net):
     torch.manual_seed(0)
     model = net().double()
     params = model_params(model)
-    obj = MetaLearning(model, PFLParams(inner_lr=0.4))
+    obj = MetaLearning(model, inner_lr=0.4)
     b, h = client_batches(1), client_batches(7)["inner"]
     s, q = (b["inner"]["x"], b["inner"]["y"]), (b["outer"]["x"], b["outer"]["y"])
     same, loss = per_fedavg_direction(obj.batch_loss, params, s, q, s, 0.4)
@@ -153,15 +154,15 @@ def test_fedmaml_draws_three_batches_and_rejects_a_multi_step_per_fedavg():
     torch.manual_seed(0)
     model = TanhMLP().double()
     cls = get_updater("fedmaml")
-    obj = MetaLearning(model, PFLParams(inner_lr=0.4))
+    obj = MetaLearning(model, inner_lr=0.4)
     assert cls(cls.hparams_cls(lr=0.1), model, obj).batch_roles == ("inner", "outer", "hessian")
     assert cls(cls.hparams_cls(lr=0.1, hessian="support"), model, obj).batch_roles == (
         "inner",
         "outer",
     )
-    first = MetaLearning(model, PFLParams(inner_lr=0.4, first_order=True))
+    first = MetaLearning(model, inner_lr=0.4, first_order=True)
     assert cls(cls.hparams_cls(lr=0.1), model, first).batch_roles == ("inner", "outer")
-    two = MetaLearning(model, PFLParams(inner_lr=0.4, inner_steps=2))
+    two = MetaLearning(model, inner_lr=0.4, inner_steps=2)
     with pytest.raises(ConfigError, match=r"pfl\.inner_steps: got 2.*fedmaml\.hessian=support"):
         cls(cls.hparams_cls(lr=0.1), model, two)
     with pytest.raises(ConfigError, match=r"hessian: got 'diagonal'"):
@@ -174,9 +175,9 @@ def test_damaml_stable_and_literal_directions_differ_by_one_positive_factor_per_
     params = model_params(model)
     batches = [client_batches(k) for k in range(3)]
     cls = get_updater("comfedl_damaml")
-    stable = cls(cls.hparams_cls(lr=0.1), model, DAMAML(model, PFLParams(gamma=0.2)))
+    stable = cls(cls.hparams_cls(lr=0.1), model, DAMAML(model, inner_lr=0.05, gamma=0.2))
     literal = cls(
-        cls.hparams_cls(lr=0.1), model, DAMAML(model, PFLParams(gamma=0.2, form="literal"))
+        cls.hparams_cls(lr=0.1), model, DAMAML(model, inner_lr=0.05, gamma=0.2, form="literal")
     )
     probes = torch.stack([stable.probe({"x": params}, b, {}) for b in batches]).detach()
     info = RoundInfo(0, 3, torch.arange(3), 1, 0)
@@ -191,7 +192,7 @@ def test_damaml_stable_and_literal_directions_differ_by_one_positive_factor_per_
     # at the broadcast point the client weights are K softmax(L/γ): the largest loss counts most
     assert int(round_ctx.logged["weights"].argmax()) == int(probes.argmax())
     # the logged step weight is the multiplier f′(L) of the MAML direction, in both forms
-    meta = MetaLearning(model, PFLParams())
+    meta = MetaLearning(model, inner_lr=0.05)
     for b in batches:
         _, logs_s = stable.client_step({"x": params}, b, ctx, 0)
         _, logs_l = literal.client_step({"x": params}, b, {}, 0)
@@ -313,14 +314,13 @@ def pfl_loop(name: str, hparams: dict, executor: str = "sequential", **kw) -> Fe
     data = digits_data(num_clients=5, partition="dominant_class", rho=0.5, val_per_client=20)
     net = build_model("mlp", tuple(data.x_train.shape[1:]), 10, seed=0, hidden=8)
     params = PFLParams(inner_lr=0.2, eval_support=12)
-    cls = get_updater(name)
-    obj = PFLProblem(params, data).objective_for(cls.compositions, net)
-    upd = cls(cls.hparams_cls(**hparams), net, obj)
+    cls, problem = get_updater(name), PFLProblem(params, data)
+    upd = cls(cls.hparams_cls(**hparams), net, problem.objective_for(cls.compositions, net))
     cfg = dict(rounds=2, local_steps=2, cohort=5, batch_size=6, eval_every=1, progress=False)
     cfg.update(kw)
     fabric = Fabric(accelerator="cpu", devices=1)
     return FederatedLoop(
-        fabric, upd, data, LoopConfig(**cfg), make_executor(executor), torch.float64
+        fabric, upd, data, LoopConfig(**cfg), make_executor(executor), torch.float64, problem
     )
 
 

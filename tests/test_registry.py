@@ -23,7 +23,7 @@ from lit_fedco.data import make_federated
 from lit_fedco.executors import make_executor
 from lit_fedco.loop import FederatedLoop, LoopConfig
 from lit_fedco.models import build_model
-from lit_fedco.objectives.conditional import AUPRCParams, AUPRCProblem
+from lit_fedco.problems import AUPRCParams, AUPRCProblem
 from lit_fedco.state import flatten
 from lit_fedco.updaters import available_updaters, get_updater
 from tests.helpers import make_loop
@@ -47,7 +47,7 @@ def auprc_loop(name: str, hparams: dict, **kw) -> FederatedLoop:
     cfg.update(kw)
     fabric = Fabric(accelerator="cpu", devices=1)
     return FederatedLoop(fabric, upd, data, LoopConfig(**cfg), make_executor("vectorized"),
-                         torch.float64)  # fmt: skip
+                         torch.float64, problem)  # fmt: skip
 
 
 def plain(name: str, hparams: dict, **kw) -> FederatedLoop:

@@ -1,17 +1,13 @@
-"""Objectives (``ALGORITHMS.md``, "Problem families")."""
+"""Objectives: the mathematics an updater differentiates (``ALGORITHMS.md``, "Problem
+families"). What depends on the data and the task lives in :mod:`lit_fedco.problems`."""
 
 from lit_fedco.objectives.base import (
     Batch,
     Context,
     Objective,
     Params,
-    Problem,
-    ProblemParams,
-    available_problems,
     cross_entropy,
-    get_problem,
     model_params,
-    register_problem,
 )
 from lit_fedco.objectives.conditional import (
     AUCMinMax,
@@ -29,13 +25,7 @@ from lit_fedco.objectives.dro import (
     shift_and_norm,
 )
 from lit_fedco.objectives.maml import MAML, TaskERM, adapt, maml_loss, per_fedavg_direction
-from lit_fedco.objectives.personalized import (
-    DAMAML,
-    MetaLearning,
-    Personalized,
-    PFLParams,
-    PFLProblem,
-)
+from lit_fedco.objectives.personalized import DAMAML, MetaLearning
 
 __all__ = [
     "DAMAML",
@@ -49,18 +39,11 @@ __all__ = [
     "InvariantLogReg",
     "MetaLearning",
     "Objective",
-    "PFLParams",
-    "PFLProblem",
     "Params",
-    "Personalized",
-    "Problem",
-    "ProblemParams",
     "ScoreERM",
     "TaskERM",
     "adapt",
-    "available_problems",
     "cross_entropy",
-    "get_problem",
     "kl_dro_primal",
     "kl_dro_value",
     "kl_dro_weights",
@@ -68,6 +51,5 @@ __all__ = [
     "model_params",
     "per_fedavg_direction",
     "plugin_gradient",
-    "register_problem",
     "shift_and_norm",
 ]

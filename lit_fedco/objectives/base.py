@@ -9,9 +9,7 @@ Where the composition lives (``ALGORITHMS.md``, "Problem families") is the class
 
 from __future__ import annotations
 
-import dataclasses
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
@@ -19,13 +17,10 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.func import functional_call
 
-from lit_fedco.errors import ConfigError
 from lit_fedco.protocol import RoundContext
 
 if TYPE_CHECKING:
-    from torchmetrics import Metric
-
-    from lit_fedco.data import BatchSampler, FederatedData
+    pass
 
 Batch = dict[str, Tensor]
 """One client's minibatch: ``{"x": inputs [b, ...], "y": targets [b]}``."""
@@ -53,17 +48,8 @@ class Objective:
     """p, the size of the inner value y (what FedDRO would communicate per step)."""
     outer_needs_batch: ClassVar[bool] = False
     """Whether ``outer`` reads a batch of its own (ComFedL's B̃); False for deterministic f."""
-    has_augment: ClassVar[bool] = False
-    """Whether :meth:`augment` draws conditional samples (the loop then passes generators)."""
     has_probe: ClassVar[bool] = False
     """Whether :meth:`probe` returns a value (the loop then runs it at the start of each round)."""
-    eval_adapt_steps: int = 0
-    """Adaptation steps each client takes on its own support rows before it is evaluated
-    (personalised FL, :meth:`adapt_for_eval`); 0: every client is evaluated with the shared
-    model."""
-    eval_support: int = 0
-    """Rows of a client's training data in its fixed evaluation support batch (0: the run's
-    batch size)."""
 
     def __init__(
         self, model: nn.Module, sample_loss: Callable[[Tensor, Tensor], Tensor] = cross_entropy
@@ -92,15 +78,6 @@ class Objective:
         y = self.inner(params, batches["inner"], ctx)
         return self.outer(y, batches.get("outer"), ctx)
 
-    def augment(self, batch: Batch, generators: list[torch.Generator]) -> Batch:
-        """Add samples drawn conditionally on the batch (FCSG's η | ξ), outside vmap.
-
-        ``batch`` holds every client of this process stacked (``[n, b, ...]``); generator i is
-        client i's for this round, seeded by (seed, client, round), so the draws do not depend
-        on how clients are spread over processes. Identity by default.
-        """
-        return batch
-
     # Round-level hooks (see ComFedL's stable form). The default objective needs none.
     def probe(self, params: Params, batches: dict[str, Batch], ctx: Context) -> Tensor | None:
         """A per-client value at the broadcast point on the round's first batches (one per
@@ -115,44 +92,6 @@ class Objective:
         """Implied client weights at per-client losses ``losses`` [K] (DRO objectives), or None."""
         return None
 
-    # Data and evaluation hooks (FCSG's task and positive samplers, AP, MAML's adaptation).
-    def make_sampler(self, data: FederatedData, seed: int) -> BatchSampler:
-        """The minibatch sampler the loop draws with; plain per-client minibatches by default."""
-        from lit_fedco.data import BatchSampler
-
-        return BatchSampler(data, seed)
-
-    def eval_outputs(
-        self,
-        params: Params,
-        x_all: Tensor,
-        y_all: Tensor,
-        rows: Tensor,
-        owner: Tensor,
-        chunk: int,
-    ) -> Iterator[tuple[Tensor, Tensor, Tensor]]:
-        """``(logits, targets, client)`` chunks for the evaluation of rows ``rows`` of
-        ``x_all`` / ``y_all`` (``owner``: the client of each row). By default the model's
-        prediction on each row; MAML adapts on sampled support sets first."""
-        for i in range(0, len(rows), chunk):
-            r = rows[i : i + chunk]
-            yield self.predict(params, x_all[r]), y_all[r], owner[i : i + chunk]
-
-    def adapt_for_eval(self, params: Params, support: Batch) -> Params:
-        """One client's parameters for evaluation after adapting on its ``support`` batch;
-        ``params`` unchanged by default (see :attr:`eval_adapt_steps`)."""
-        return params
-
-    def eval_classes(self, num_classes: int) -> int:
-        """Columns of the logits :meth:`eval_outputs` yields (the data's classes by default;
-        N for N-way tasks)."""
-        return num_classes
-
-    def eval_metrics(self) -> dict[str, Metric]:
-        """Metrics evaluated beside per-client accuracy, logged as ``<split>/<name>``; each is
-        updated with ``(logits, targets, client)`` and computes a scalar. None by default."""
-        return {}
-
     def step_logs(self, y: Any, batches: dict[str, Batch], ctx: Context) -> dict[str, Tensor]:
         """Scalars worth logging for a compositional step taken at inner value ``y``: the loss
         ``{"loss": y}`` when the inner value is a loss (DRO), nothing otherwise."""
@@ -166,95 +105,3 @@ class Objective:
 def model_params(model: nn.Module, dtype: torch.dtype | None = None) -> Params:
     """Detached copies of a module's parameters as a plain dict (the ``x`` of the state)."""
     return {name: p.detach().clone().to(dtype or p.dtype) for name, p in model.named_parameters()}
-
-
-# ---------------------------------------------------------------------- problems
-@dataclass(frozen=True)
-class ProblemParams:
-    """Parameters of a :class:`Problem` (its config node, under the problem's name)."""
-
-    def __post_init__(self) -> None:
-        self.validate()
-
-    def validate(self) -> None:
-        """Range checks; raise :class:`ConfigError` naming the key. Extend in subclasses."""
-
-    def require(self, field: str, ok: bool, expected: str, example: str) -> None:
-        """Raise a :class:`ConfigError` for ``field`` unless ``ok``."""
-        if not ok:
-            raise ConfigError.bad_value(field, getattr(self, field), expected, example)
-
-
-class Problem:
-    """A task chosen by the config key ``objective``: the objectives it offers, one per
-    composition, and the model size it needs.
-
-    Different updaters train different objectives of the same task (FCSG the conditional AP
-    surrogate, FedAvg cross-entropy, CODA+ the min-max AUC loss) and are evaluated the same
-    way. An updater gets the first composition of its :attr:`compositions` that the problem
-    offers (:meth:`objective_for`).
-
-    Args:
-        params: an instance of :attr:`params_cls`.
-        data: the federated data (e.g. for the positive ratio).
-    """
-
-    name: ClassVar[str] = ""
-    params_cls: ClassVar[type[ProblemParams]] = ProblemParams
-
-    def __init__(self, params: ProblemParams, data: FederatedData) -> None:
-        self.params = params
-        self.data = data
-
-    def num_outputs(self) -> int:
-        """The model's output size; the number of classes by default."""
-        return self.data.num_classes
-
-    def objectives(self, model: nn.Module) -> dict[str, Objective]:
-        """The objectives of this task keyed by composition (``"conditional"``, ``"erm"``...)."""
-        raise NotImplementedError
-
-    def objective_for(self, compositions: tuple[str, ...], model: nn.Module) -> Objective:
-        """The objective for an updater accepting ``compositions`` (in its order of preference)."""
-        offered = self.objectives(model)
-        for comp in compositions:
-            if comp in offered:
-                return offered[comp]
-        raise ConfigError(
-            f"objective={self.name} offers {sorted(offered)}, but the updater needs one of "
-            f"{list(compositions)}; run it with another objective or drop it from updaters"
-        )
-
-    def describe(self) -> dict[str, Any]:
-        """Logged with the run's config."""
-        return {"problem": self.name, **dataclasses.asdict(self.params)}
-
-
-_PROBLEMS: dict[str, type[Problem]] = {}
-
-
-def register_problem(name: str):  # type: ignore[no-untyped-def]
-    """Class decorator that registers a :class:`Problem` under ``name`` (config ``objective``)."""
-
-    def deco(cls: type[Problem]) -> type[Problem]:
-        if name in _PROBLEMS and _PROBLEMS[name] is not cls:
-            raise ConfigError(f"problem name {name!r} is already registered; choose another")
-        cls.name = name
-        _PROBLEMS[name] = cls
-        return cls
-
-    return deco
-
-
-def get_problem(name: str) -> type[Problem]:
-    """The problem registered under ``name``."""
-    if name not in _PROBLEMS:
-        raise ConfigError.bad_value(
-            "objective", name, f"one of {sorted(_PROBLEMS)} (or empty)", "invariant_logreg"
-        )
-    return _PROBLEMS[name]
-
-
-def available_problems() -> list[str]:
-    """Names of all registered problems."""
-    return sorted(_PROBLEMS)

@@ -24,29 +24,15 @@ which carries the η drawn for them. Problems here:
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.func import functional_call, grad_and_value
 
-from lit_fedco.objectives.base import (
-    Batch,
-    Context,
-    Objective,
-    Params,
-    Problem,
-    ProblemParams,
-    register_problem,
-)
+from lit_fedco.objectives.base import Batch, Context, Objective, Params
 from lit_fedco.state import tree_leaves, tree_map
-
-if TYPE_CHECKING:
-    from torchmetrics import Metric
-
-    from lit_fedco.data import BatchSampler, FederatedData
 
 
 def plugin_gradient(
@@ -101,34 +87,21 @@ class InvariantLogReg(ConditionalObjective):
 
     ``F(x) = E_{ξ=(a,b)} log(1 + exp(−b · E_{η|ξ}[η]ᵀx)) + λ Σ_i γx_i²/(1 + γx_i²)`` with
     ``η ~ N(a, σ₂² I)``. Here ``g_η(x, ξ) = s(x; η)`` is the model's score of η (ηᵀx for the
-    ``linear`` model), ``f_ξ(u) = log(1 + exp(−b u))``. :meth:`augment` draws the m samples
-    η | ξ of every outer sample with the client's generator, outside ``vmap``.
+    ``linear`` model), ``f_ξ(u) = log(1 + exp(−b u))``. The batch carries the m samples
+    η | ξ of every outer sample under ``"eta"`` (drawn by the ``invariant_logreg`` problem).
 
     Args:
         model: a model with one output, the score (``linear`` for the paper's x ∈ R^d).
-        sigma2: σ₂, the conditional noise.
-        m: inner samples per outer sample.
         lam: λ (paper: 0.001). gamma: γ (paper: 10).
     """
 
-    has_augment: ClassVar[bool] = True
-
-    def __init__(self, model: nn.Module, sigma2: float, m: int, lam: float, gamma: float) -> None:
+    def __init__(self, model: nn.Module, lam: float, gamma: float) -> None:
         super().__init__(model)
-        self.sigma2, self.m, self.lam, self.gamma = float(sigma2), int(m), float(lam), float(gamma)
+        self.lam, self.gamma = float(lam), float(gamma)
 
     def score(self, params: Params, z: Tensor) -> Tensor:
         """The model's scalar score of every row of ``z`` [n, d] → [n]."""
         return functional_call(self.model, params, (z,)).squeeze(-1)
-
-    def augment(self, batch: Batch, generators: list[torch.Generator]) -> Batch:
-        """Add ``eta`` [n, b, m, d]: ``η_ij = a_i + σ₂ ε_ij``, ε from client i's generator."""
-        a = batch["x"]
-        _, b, d = a.shape
-        eps = torch.stack(
-            [torch.randn(b, self.m, d, generator=g, dtype=a.dtype) for g in generators]
-        )
-        return {**batch, "eta": a.unsqueeze(2) + self.sigma2 * eps.to(a.device)}
 
     def inner(self, params: Params, batch: Batch, ctx: Context) -> Tensor:
         """``mean_j s(x; η_ij)`` per outer sample, [b] (ηᵀx averaged over the m samples)."""
@@ -152,45 +125,7 @@ class InvariantLogReg(ConditionalObjective):
         return torch.stack([-s / 2, s / 2], dim=-1)
 
     def describe(self) -> dict[str, Any]:
-        return {"objective": "InvariantLogReg", "sigma2": self.sigma2, "m": self.m}
-
-
-@dataclass(frozen=True)
-class InvariantLogRegParams(ProblemParams):
-    """Invariant logistic regression (FCSG §5.1); data: ``data.name=invariant_logreg``.
-
-    Attributes:
-        sigma2: σ₂ of η ~ N(a, σ₂² I) (paper: σ₂/σ₁ ∈ {1, 1.5, 2} with σ₁ = 1).
-        m: inner samples η per outer sample ξ (paper: 1, 10, 100).
-        lam: λ of the non-convex regulariser (paper: 0.001).
-        gamma: γ of the non-convex regulariser (paper: 10).
-    """
-
-    sigma2: float = 1.0
-    m: int = 10
-    lam: float = 0.001
-    gamma: float = 10.0
-
-    def validate(self) -> None:
-        self.require("sigma2", self.sigma2 >= 0, "a float >= 0", "1.0")
-        self.require("m", self.m >= 1, "an int >= 1", "10")
-        self.require("lam", self.lam >= 0, "a float >= 0", "0.001")
-        self.require("gamma", self.gamma > 0, "a float > 0", "10")
-
-
-@register_problem("invariant_logreg")
-class InvariantLogRegProblem(Problem):
-    """FCSG §5.1; the model is a score (``model.name=linear``, one output)."""
-
-    params_cls = InvariantLogRegParams
-
-    def num_outputs(self) -> int:
-        return 1
-
-    def objectives(self, model: nn.Module) -> dict[str, Objective]:
-        p = self.params
-        assert isinstance(p, InvariantLogRegParams)
-        return {"conditional": InvariantLogReg(model, p.sigma2, p.m, p.lam, p.gamma)}
+        return {"objective": "InvariantLogReg", "lam": self.lam, "gamma": self.gamma}
 
 
 # ---------------------------------------------------------------------- §5.3 AUPRC
@@ -219,7 +154,7 @@ def ap_surrogate(u: Tensor, y: Tensor) -> Tensor:
 
 class BinaryScorer(Objective):
     """Shared by the objectives of the AUPRC task: a one-output model's score, two-class logits
-    ``[−s/2, s/2]`` for the loop's accuracy and loss, and the average precision metric."""
+    ``[−s/2, s/2]`` for the loop's accuracy and loss."""
 
     def score(self, params: Params, x: Tensor) -> Tensor:
         """The raw score of every row, [n]."""
@@ -229,26 +164,20 @@ class BinaryScorer(Objective):
         s = self.score(params, x)
         return torch.stack([-s / 2, s / 2], dim=-1)
 
-    def eval_metrics(self) -> dict[str, Metric]:
-        from lit_fedco.metrics import PooledAveragePrecision
-
-        return {"ap": PooledAveragePrecision()}
-
 
 class AveragePrecision(BinaryScorer, ConditionalObjective):
     """The AP surrogate (FCSG eq. 6): ``F(x) = E_{ξ⁺} f(E_ξ g(x; ξ⁺, ξ))`` with
     ``g = (1(y = 1) ℓ, ℓ) ∈ R²`` and ``f(u₁, u₂) = −u₁/u₂``, on scores ``h = sigmoid(score)``
     (bounded, as in Qi et al. 2021's SOAP). The batch's positives are the outer samples ξ⁺ and
-    all its rows the inner samples; :class:`~lit_fedco.data.samplers.PositiveSampler` puts
-    ``positives`` positives in every batch.
+    all its rows the inner samples (the ``auprc`` problem puts positives in every batch).
 
     Args:
-        model: a one-output model. margin: s. positives: positives per batch.
+        model: a one-output model. margin: s.
     """
 
-    def __init__(self, model: nn.Module, margin: float, positives: int) -> None:
+    def __init__(self, model: nn.Module, margin: float) -> None:
         super().__init__(model)
-        self.margin, self.positives = float(margin), int(positives)
+        self.margin = float(margin)
 
     def inner(self, params: Params, batch: Batch, ctx: Context) -> Tensor:
         """``(u₁_i, u₂_i)`` for every row i as anchor, [b, 2]."""
@@ -259,11 +188,6 @@ class AveragePrecision(BinaryScorer, ConditionalObjective):
     def outer(self, y: Any, batch: Batch | None, ctx: Context) -> Tensor:
         assert batch is not None
         return ap_surrogate(y, batch["y"])
-
-    def make_sampler(self, data: FederatedData, seed: int) -> BatchSampler:
-        from lit_fedco.data import PositiveSampler
-
-        return PositiveSampler(data, seed, self.positives)
 
     def describe(self) -> dict[str, Any]:
         return {"objective": "AveragePrecision", "margin": self.margin}
@@ -314,44 +238,3 @@ class AUCMinMax(BinaryScorer):
 
     def describe(self) -> dict[str, Any]:
         return {"objective": "AUCMinMax", "positive_ratio": self.p, "margin": self.margin}
-
-
-@dataclass(frozen=True)
-class AUPRCParams(ProblemParams):
-    """Federated online AUPRC (FCSG §5.3); data: ``data.binary=true``.
-
-    Attributes:
-        margin: s of the squared hinge ℓ (and CODA+'s margin; LibAUC's default 1.0).
-        positives: positives in every minibatch of the AP objective (D-AUPRC: 4 of 20).
-    """
-
-    margin: float = 1.0
-    positives: int = 4
-
-    def validate(self) -> None:
-        self.require("margin", self.margin > 0, "a float > 0", "1.0")
-        self.require("positives", self.positives >= 1, "an int >= 1", "4")
-
-
-@register_problem("auprc")
-class AUPRCProblem(Problem):
-    """FCSG §5.3: the AP surrogate for conditional updaters, cross-entropy for FedAvg, the
-    min-max AUC loss for CODA+ — all scored by average precision on the unchanged test set."""
-
-    params_cls = AUPRCParams
-
-    def num_outputs(self) -> int:
-        return 1
-
-    def positive_ratio(self) -> float:
-        """p, the fraction of positives among all clients' training rows."""
-        return float((self.data.y_train == 1).double().mean())
-
-    def objectives(self, model: nn.Module) -> dict[str, Objective]:
-        p = self.params
-        assert isinstance(p, AUPRCParams)
-        return {
-            "conditional": AveragePrecision(model, p.margin, p.positives),
-            "erm": ScoreERM(model),
-            "minimax": AUCMinMax(model, self.positive_ratio(), p.margin),
-        }

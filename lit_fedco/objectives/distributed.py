@@ -52,7 +52,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import torch
@@ -60,16 +59,7 @@ from torch import Tensor, nn
 from torch.func import grad
 
 from lit_fedco.errors import ConfigError
-from lit_fedco.objectives.base import (
-    Batch,
-    Context,
-    Objective,
-    Params,
-    Problem,
-    ProblemParams,
-    cross_entropy,
-    register_problem,
-)
+from lit_fedco.objectives.base import Batch, Context, Objective, Params, cross_entropy
 from lit_fedco.protocol import RoundContext
 
 DISTRIBUTED_OBJECTIVES = ("kl", "chi2")
@@ -318,38 +308,3 @@ def make_distributed_objective(
     if name == "chi2":
         return Chi2SampleDRO(model, lam, sample_loss)
     raise ConfigError.bad_value("kind", name, f"one of {DISTRIBUTED_OBJECTIVES}", "kl")
-
-
-@dataclass(frozen=True)
-class SampleDROParams(ProblemParams):
-    """Sample-level DRO (FedDRO paper §2.1); config node ``sample_dro``.
-
-    Attributes:
-        kind: ``"kl"`` (KL-DRO, λ log mean exp(ℓ/λ)) or ``"chi2"`` (χ²-DRO in closed form).
-        lam: λ > 0, the divergence weight.
-    """
-
-    kind: str = "kl"
-    lam: float = 1.0
-
-    def validate(self) -> None:
-        kinds = DISTRIBUTED_OBJECTIVES
-        self.require("kind", self.kind in kinds, f"one of {kinds}", "kl")
-        self.require("lam", self.lam > 0, "a float > 0 (λ)", "1.0")
-
-
-@register_problem("sample_dro")
-class SampleDROProblem(Problem):
-    """Classification with sample-level DRO over the union of the clients' data (FedDRO
-    paper eq. 2): the FedDRO family gets the distributed composition, the others the empirical
-    risk."""
-
-    params_cls = SampleDROParams
-
-    def objectives(self, model: nn.Module) -> dict[str, Objective]:
-        p = self.params
-        assert isinstance(p, SampleDROParams)
-        return {
-            "distributed": make_distributed_objective(p.kind, model, p.lam),
-            "erm": Objective(model),
-        }

@@ -24,23 +24,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import torch
 from torch import Tensor, nn
 
 from lit_fedco.errors import ConfigError
-from lit_fedco.objectives.base import (
-    Batch,
-    Context,
-    Objective,
-    Params,
-    Problem,
-    ProblemParams,
-    cross_entropy,
-    register_problem,
-)
+from lit_fedco.objectives.base import Batch, Context, Objective, Params, cross_entropy
 from lit_fedco.protocol import RoundContext
 
 FORMS = ("stable", "literal")
@@ -137,36 +127,3 @@ class ClientKLDRO(Objective):
 
     def describe(self) -> dict[str, Any]:
         return {"objective": "ClientKLDRO", "gamma": self.gamma, "form": self.form}
-
-
-@dataclass(frozen=True)
-class ClientDROParams(ProblemParams):
-    """Client-level KL-DRO (ComFedL §5.1); config node ``client_dro``.
-
-    Attributes:
-        gamma: γ > 0, the KL regularisation (paper §5.1: 0.5; grid 0.1, 0.5, 1, 5; the journal
-            version 0.2); small γ is close to the worst client.
-        form: ``"stable"`` (shared log-space shift and normaliser per round; default) or
-            ``"literal"`` (exp(L/γ)/γ as in the paper).
-    """
-
-    gamma: float = 0.5
-    form: str = "stable"
-
-    def validate(self) -> None:
-        self.require("gamma", self.gamma > 0, "a float > 0 (γ)", "0.5")
-        self.require("form", self.form in FORMS, f"one of {FORMS}", "stable")
-
-
-@register_problem("client_dro")
-class ClientDROProblem(Problem):
-    """Classification with client-level KL-DRO (ComFedL §5.1): ComFedL minimises
-    ``γ log mean_k exp(L_k/γ)`` (the local composition :class:`ClientKLDRO`); the baselines
-    (DRFL, q-FedAvg, FedAvg) get the empirical risk and bring their own robustness."""
-
-    params_cls = ClientDROParams
-
-    def objectives(self, model: nn.Module) -> dict[str, Objective]:
-        p = self.params
-        assert isinstance(p, ClientDROParams)
-        return {"local": ClientKLDRO(model, p.gamma, p.form), "erm": Objective(model)}

@@ -13,36 +13,24 @@ meta-gradient); ``first_order=True`` stops the gradient at the inner gradient (f
 MAML: ∇F̂ ≈ mean_i ∇L(y_i; Q_i)). It takes any per-batch loss ``loss(params, x, y)``, so other
 updaters (ComFedL-MAML) reuse it.
 
-Task batches are laid out as in :mod:`lit_fedco.data.samplers` (T tasks × N classes × (K + Q)
-rows, support first); labels are the class positions 0..N−1.
+Task batches are laid out as :class:`~lit_fedco.data.TaskSampler` draws them (T tasks ×
+N classes × (K + Q) rows, support first); labels are the class positions 0..N−1. The ``maml``
+problem (:mod:`lit_fedco.problems.fewshot`) draws them and evaluates after adaptation.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import Any
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
-from torch.func import functional_call, grad, grad_and_value, vjp, vmap
+from torch.func import functional_call, grad, grad_and_value, vjp
 
-from lit_fedco.objectives.base import (
-    Batch,
-    Context,
-    Objective,
-    Params,
-    Problem,
-    ProblemParams,
-    register_problem,
-)
+from lit_fedco.objectives.base import Batch, Context, Objective, Params
 from lit_fedco.objectives.conditional import ConditionalObjective
 from lit_fedco.state import tree_map
-
-if TYPE_CHECKING:
-    from lit_fedco.data import BatchSampler, FederatedData
 
 LossFn = Callable[[Params, Tensor, Tensor], Tensor]
 """``loss(params, inputs, labels) -> scalar`` (the mean loss of a batch)."""
@@ -119,31 +107,17 @@ def relative_labels(ways: int, per_class: int, device: torch.device | None = Non
 
 
 class FewShot(Objective):
-    """Shared by the objectives of the few-shot task: task batches from
-    :class:`~lit_fedco.data.samplers.TaskSampler`, cross-entropy over the N ways, and
-    evaluation after ``eval_steps`` adaptation steps on tasks drawn from each client's
-    held-out classes.
+    """Shared by the objectives of the few-shot task: task batches (T tasks × N classes ×
+    (K + Q) rows, support first) and cross-entropy over the N ways, labels by position.
 
     Args:
         model: an N-output network (``conv4``).
         ways: N. shots: K. queries: Q (per class).
-        inner_lr: α. eval_steps: adaptation steps at evaluation. eval_tasks: tasks per client
-            per evaluation.
     """
 
-    def __init__(
-        self,
-        model: nn.Module,
-        ways: int,
-        shots: int,
-        queries: int,
-        inner_lr: float,
-        eval_steps: int,
-        eval_tasks: int,
-    ) -> None:
+    def __init__(self, model: nn.Module, ways: int, shots: int, queries: int) -> None:
         super().__init__(model)
         self.ways, self.shots, self.queries = ways, shots, queries
-        self.inner_lr, self.eval_steps, self.eval_tasks = inner_lr, eval_steps, eval_tasks
 
     def task_loss(self, params: Params, x: Tensor, y: Tensor) -> Tensor:
         """Mean cross-entropy of the network on one batch of rows."""
@@ -162,54 +136,14 @@ class FewShot(Objective):
     def num_outer(self, batch: Batch) -> int:
         return int(batch["x"].shape[0]) // (self.ways * (self.shots + self.queries))
 
-    def eval_classes(self, num_classes: int) -> int:
-        return self.ways
-
-    def make_sampler(self, data: FederatedData, seed: int) -> BatchSampler:
-        from lit_fedco.data import TaskSampler
-
-        return TaskSampler(data, seed, self.ways, self.shots + self.queries)
-
-    def eval_outputs(
-        self,
-        params: Params,
-        x_all: Tensor,
-        y_all: Tensor,
-        rows: Tensor,
-        owner: Tensor,
-        chunk: int,
-    ) -> Iterator[tuple[Tensor, Tensor, Tensor]]:
-        """Query logits after ``eval_steps`` steps on each task's support set, for
-        ``eval_tasks`` tasks per client drawn from its rows with a fixed generator (the same
-        tasks at every evaluation). Clients with too few classes are skipped."""
-        from lit_fedco.data.samplers import rows_by_class, sample_task_rows
-
-        per_class = self.shots + self.queries
-        owners = owner.cpu().numpy()
-        for k in np.unique(owners).tolist():
-            mine = rows[torch.from_numpy(np.flatnonzero(owners == k)).to(rows.device)]
-            by_class = {c: r for c, r in rows_by_class(y_all[mine]).items() if len(r) >= per_class}
-            if len(by_class) < self.ways:
-                continue
-            g = torch.Generator().manual_seed(0xE7A1 * 1_000_003 + k)
-            local = sample_task_rows(by_class, self.ways, per_class, self.eval_tasks, g)
-            sx, sy, qx, qy = self.split({"x": x_all[mine[local.to(mine.device)]]})
-
-            def one(s: Tensor, q: Tensor) -> Tensor:
-                fast = adapt(self.task_loss, params, s, sy, self.inner_lr, self.eval_steps, True)
-                return functional_call(self.model, fast, (q,))
-
-            logits = vmap(one)(sx, qx)  # [T, N·Q, N]
-            target = qy.repeat(len(sx))
-            yield logits.reshape(-1, self.ways), target, torch.full_like(target, k)
-
 
 class MAML(FewShot, ConditionalObjective):
     """The conditional MAML objective (FCSG eq. 5): inner = adapted parameters per task,
     outer = mean query loss; ``value`` = mean over tasks of :func:`maml_loss`.
 
     Args:
-        inner_steps: adaptation steps in training (paper: 1, α = 0.4).
+        model, ways, shots, queries: as :class:`FewShot`.
+        inner_lr: α (paper: 0.4). inner_steps: adaptation steps in training (paper: 1).
         first_order: first-order MAML (never the default).
     """
 
@@ -220,13 +154,11 @@ class MAML(FewShot, ConditionalObjective):
         shots: int,
         queries: int,
         inner_lr: float,
-        inner_steps: int,
-        eval_steps: int,
-        eval_tasks: int,
+        inner_steps: int = 1,
         first_order: bool = False,
     ) -> None:
-        super().__init__(model, ways, shots, queries, inner_lr, eval_steps, eval_tasks)
-        self.inner_steps, self.first_order = inner_steps, first_order
+        super().__init__(model, ways, shots, queries)
+        self.inner_lr, self.inner_steps, self.first_order = inner_lr, inner_steps, first_order
 
     # The T tasks of a batch are a Python loop, not a vmap: with batch normalisation, grad of a
     # vmap over tasks returns a wrong second-order term (torch 2.14; vmap of grad, as the
@@ -263,66 +195,11 @@ class MAML(FewShot, ConditionalObjective):
 
 class TaskERM(FewShot):
     """FedAvg's objective on the few-shot task: the cross-entropy of the unadapted network on
-    all rows of the sampled tasks (support and query), labels by position. Evaluated like MAML,
-    after the same adaptation steps."""
+    all rows of the sampled tasks (support and query), labels by position. The ``maml``
+    problem evaluates it like MAML, after the same adaptation steps."""
 
     def value(self, params: Params, batches: dict[str, Batch], ctx: Context) -> Tensor:
         sx, sy, qx, qy = self.split(batches["inner"])
         x = torch.cat([sx, qx], dim=1)
         y = torch.cat([sy, qy])
         return torch.stack([self.task_loss(params, t, y) for t in x.unbind(0)]).mean()
-
-
-@dataclass(frozen=True)
-class MAMLParams(ProblemParams):
-    """Federated few-shot learning (FCSG §5.2); data: ``data.partition=classes``.
-
-    Attributes:
-        ways: N classes per task (paper: 5).
-        shots: K support images per class (paper: 1 and 5).
-        queries: Q query images per class (paper: 15).
-        inner_lr: α, the adaptation step size (paper: 0.4).
-        inner_steps: adaptation steps in training (paper: 1).
-        eval_steps: adaptation steps at evaluation (paper: 3).
-        eval_tasks: tasks per client and split at each evaluation.
-        first_order: first-order MAML instead of the exact second-order meta-gradient.
-    """
-
-    ways: int = 5
-    shots: int = 1
-    queries: int = 15
-    inner_lr: float = 0.4
-    inner_steps: int = 1
-    eval_steps: int = 3
-    eval_tasks: int = 10
-    first_order: bool = False
-
-    def validate(self) -> None:
-        for key in ("ways", "shots", "queries", "inner_steps", "eval_steps", "eval_tasks"):
-            self.require(key, getattr(self, key) >= 1, "an int >= 1", "5")
-        self.require("ways", self.ways >= 2, "an int >= 2", "5")
-        self.require("inner_lr", self.inner_lr > 0, "a float > 0", "0.4")
-
-
-@register_problem("maml")
-class MAMLProblem(Problem):
-    """FCSG §5.2: conditional MAML for the FCSG family and Local-SCGD(M), task-level ERM for
-    FedAvg; all evaluated by query accuracy after ``eval_steps`` adaptation steps."""
-
-    params_cls = MAMLParams
-
-    def num_outputs(self) -> int:
-        p = self.params
-        assert isinstance(p, MAMLParams)
-        return p.ways
-
-    def objectives(self, model: nn.Module) -> dict[str, Objective]:
-        p = self.params
-        assert isinstance(p, MAMLParams)
-        common = (p.ways, p.shots, p.queries, p.inner_lr)
-        return {
-            "conditional": MAML(
-                model, *common, p.inner_steps, p.eval_steps, p.eval_tasks, p.first_order
-            ),
-            "erm": TaskERM(model, *common, p.eval_steps, p.eval_tasks),
-        }

@@ -213,32 +213,6 @@ class CompositionalUpdater(Generic[H]):
         """The parameters evaluated on every client's data; the server's x by default."""
         return server["x"]
 
-    # ------------------------------------------------------------------ personalisation
-    @property
-    def personalizes(self) -> bool:
-        """Whether each client is evaluated with its own parameters (:meth:`personal_params`)
-        instead of the shared :meth:`eval_params`: when the objective adapts before evaluation
-        (personalised FL), or the method keeps a personal model (a :attr:`Sync.KEEP` entry
-        ``"personal"``)."""
-        return self.objective.eval_adapt_steps > 0 or "personal" in self.client_state
-
-    def personal_params(self, state: State, support: Batch, ctx: Context) -> dict[str, Tensor]:
-        """One client's parameters at evaluation (personalised FL, ComFedL §5.2).
-
-        Args:
-            state: ``{"x": eval_params(server)}`` plus the client's kept entries.
-            support: the client's fixed evaluation support batch (its own training rows).
-            ctx: empty.
-
-        Returns:
-            The client's kept personal model when it has one (Ditto), else the objective's
-            adaptation of x on the support batch (one or a few gradient steps,
-            :meth:`~lit_fedco.objectives.Objective.adapt_for_eval`).
-        """
-        if "personal" in state:
-            return state["personal"]
-        return self.objective.adapt_for_eval(state["x"], support)
-
     # ------------------------------------------------------------------ helpers
     def params(self) -> dict[str, Tensor]:
         """The model's initial parameters as a dict."""

@@ -71,9 +71,9 @@ class FedMAML(FedAvg[FedMAMLHparams]):
                 f"fedmaml: objective {type(meta).__name__} is not the MAML composition; "
                 "run it with objective=pfl"
             )
-        if self._independent and meta.settings.inner_steps != 1:
+        if self._independent and meta.inner_steps != 1:
             raise ConfigError(
-                f"pfl.inner_steps: got {meta.settings.inner_steps}, but Per-FedAvg's estimator "
+                f"pfl.inner_steps: got {meta.inner_steps}, but Per-FedAvg's estimator "
                 "(fedmaml.hessian=independent) is defined for one adaptation step; set "
                 "pfl.inner_steps=1 or fedmaml.hessian=support"
             )
@@ -88,7 +88,7 @@ class FedMAML(FedAvg[FedMAMLHparams]):
         first-order MAML, which has no Hessian term)."""
         meta = self.objective
         assert isinstance(meta, MetaLearning)
-        return self.hparams.hessian == "independent" and not meta.settings.first_order
+        return self.hparams.hessian == "independent" and not meta.first_order
 
     def client_step(
         self, state: State, batches: dict[str, Batch], ctx: Context, step: int
@@ -100,7 +100,7 @@ class FedMAML(FedAvg[FedMAMLHparams]):
         s, q, h = batches["inner"], batches["outer"], batches["hessian"]
         u, loss = per_fedavg_direction(
             meta.batch_loss, state["x"], (s["x"], s["y"]), (q["x"], q["y"]), (h["x"], h["y"]),
-            meta.settings.inner_lr,
+            meta.inner_lr,
         )  # fmt: skip
         return {**state, "x": tree_axpy(-self.hparams.lr, u, state["x"])}, {"loss": loss}
 
