@@ -204,6 +204,7 @@ def _run_recipe(out: Path, devices: int) -> dict:
     return run_recipe("fcsg_invariant", out, devices, *args)[0]
 
 
+@pytest.mark.slow
 def test_two_processes_equal_one_process(tmp_path):
     """FCSG-M and Acc-FCSG-M on 2 gloo processes: server x, v and every client's x⁻ to 1e-12,
     metrics exactly (float64); η | ξ drawn from per-client generators on either process."""

@@ -98,6 +98,7 @@ def _run_recipe(out: Path, devices: int) -> dict:
     return run_recipe("comfedl_dro", out, devices, *args)[0]
 
 
+@pytest.mark.slow
 def test_two_processes_equal_one_process(tmp_path):
     """2-process gloo equals 1 process: server state to 1e-12 (float64), metrics exactly."""
     one = _run_recipe(tmp_path / "one", 1)

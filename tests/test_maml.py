@@ -196,6 +196,7 @@ def test_omniglot_task_data_splits_characters(tmp_path):
     assert data.x_train.shape[1:] == (1, 28, 28)
 
 
+@pytest.mark.slow
 def test_recipe_runs_every_method_above_chance(tmp_path):
     """Every updater, FedAvg included, is evaluated after the same adaptation steps."""
     from lit_fedco.recipes.fcsg_maml import COLUMNS, DEFAULTS

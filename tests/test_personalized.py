@@ -246,6 +246,7 @@ def run_scalar(name: str, hparams: dict, rounds: int, local_steps: int = 2):
     return run_rounds(upd, {"inner": stack(CLIENTS)}, rounds, local_steps)[-1]
 
 
+@pytest.mark.slow
 def test_drfl_reaches_the_minimax_point_of_two_quadratics():
     """min_w max(w², 2(w − 1)²) is at w* = 2 − √2, where L_1 = L_2; the weights make w*
     stationary: λ_1 2w* = λ_2 4(1 − w*), so λ* = (√2, 1)/(1 + √2). With one local step DRFL
@@ -294,6 +295,7 @@ def test_drfl_weights_follow_the_cohorts_losses():
 
 
 # ---------------------------------------------------------------------- Ditto
+@pytest.mark.slow
 def test_ditto_personal_models_reach_their_closed_form():
     """With L_k(v) = s_k (v − t_k)², the global model converges to the FedAvg point and each
     personal model to argmin L_k(v) + λ/2 (v − w)² = (2 s_k t_k + λ w)/(2 s_k + λ)."""
@@ -416,6 +418,7 @@ def _run_recipe(out: Path, devices: int, *extra: str) -> dict:
     return run_recipe("comfedl_maml", out, devices, *args)[0]
 
 
+@pytest.mark.slow
 def test_two_processes_equal_one_process(tmp_path):
     """ComFedL-DAMAML, TR-MAML and Ditto on 2 gloo processes = 1 process: server state and
     personal models to 1e-12 (float64), per-client metrics exactly."""
@@ -440,6 +443,7 @@ def _leaves(ckpt: dict) -> list[torch.Tensor]:
     return tree_leaves({"server": ckpt["loop"]["server"], "clients": ckpt["loop"]["clients"]})
 
 
+@pytest.mark.slow
 def test_recipe_rejects_a_bad_value_before_writing_anything(tmp_path):
     out = tmp_path / "out"
     args = [

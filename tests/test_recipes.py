@@ -16,6 +16,8 @@ from lit_fedco.tracking import read_wandb_offline_run
 
 REPO = Path(__file__).resolve().parent.parent
 
+pytestmark = pytest.mark.slow  # every test here runs a recipe in a subprocess
+
 
 def run_offline(tmp_path: Path, recipe: str, *args: str) -> subprocess.CompletedProcess:
     """``python -m lit_fedco.recipes.RECIPE ARGS`` as a user with no W&B credentials (no W&B
