@@ -191,6 +191,12 @@ def test_fcsg_m_learns_the_separator():
     )
     out = loop.run()
     assert out["val/acc_pooled"] > 0.9
+    # the pooled accuracy is the share of held-out rows whose score has the label's sign
+    model = loop.updater.model
+    with torch.no_grad():
+        s = torch.func.functional_call(model, loop.server["x"], (loop.data.x_val,)).squeeze(-1)
+    hand = float(((s > 0).long() == loop.data.y_val).double().mean())
+    assert out["val/acc_pooled"] == pytest.approx(hand, abs=1e-12)
 
 
 # ---------------------------------------------------------------------- processes

@@ -117,6 +117,13 @@ def test_maml_loss_adapts_on_the_support_set():
 
     after = maml_loss(loss, params, (x, y), (x, y), lr=0.5, steps=3)
     assert float(after) < float(loss(params, x, y))
+    # three plain gradient steps of size 0.5 on the support set, by torch.autograd
+    p = {k: v.clone() for k, v in params.items()}
+    for _ in range(3):
+        leaves = {k: v.requires_grad_(True) for k, v in p.items()}
+        grads = torch.autograd.grad(loss(leaves, x, y), list(leaves.values()))
+        p = {k: (v - 0.5 * g).detach() for (k, v), g in zip(leaves.items(), grads, strict=True)}
+    assert float(after) == pytest.approx(float(loss(p, x, y)), rel=1e-12)
 
 
 def digits_tasks(**kw):
