@@ -484,6 +484,7 @@ def test_cifar10_preset_runs_on_a_cifar_format_folder(tmp_path, capsys):
         # server model after one step of size α = pfl.inner_lr on the client's support rows,
         # Ditto's kept personal model
         d, model, ev = loop.data, loop.updater.model, loop.evaluate_clients
+        assert ev.support is not None  # both personalise: fixed support rows per client
         acc = []
         for i, k in enumerate(ev.clients.tolist()):
             if name == "ditto":
