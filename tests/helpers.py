@@ -106,6 +106,20 @@ def assert_executors_agree(name: str, hparams: dict, **kw) -> None:  # kw: make_
         assert v == pytest.approx(results["sequential"][1][key], rel=1e-9, abs=1e-12), key
 
 
+class LastLoops:
+    """A loop callback (``callbacks=[...]`` of the runner's ``main`` or of a Fabric) keeping
+    every run's :class:`FederatedLoop`, in order, as it is after its last evaluation; the
+    runner's last evaluation is the end of the run, so the state is the one the results
+    were computed from."""
+
+    def __init__(self) -> None:
+        self.loops: list[FederatedLoop] = []
+
+    def on_eval_end(self, loop: FederatedLoop, metrics: dict[str, float]) -> None:
+        if not self.loops or self.loops[-1] is not loop:
+            self.loops.append(loop)
+
+
 def free_port() -> int:
     """A free TCP port on the loopback interface (parallel test runs do not collide)."""
     with socket.socket() as s:

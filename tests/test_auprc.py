@@ -18,6 +18,7 @@ from lit_fedco.errors import ConfigError
 from lit_fedco.metrics import PooledAveragePrecision
 from lit_fedco.objectives.conditional import AveragePrecision, auc_minmax_loss
 from lit_fedco.problems import AUPRCParams, AUPRCProblem
+from tests.helpers import LastLoops
 
 
 class Linear(nn.Module):
@@ -155,10 +156,19 @@ def test_recipe_runs_every_method_and_logs(tmp_path):
     from lit_fedco.recipes.fcsg_auprc import COLUMNS, DEFAULTS
     from lit_fedco.runner import main
 
+    seen = LastLoops()
     argv = ["rounds=2", "local_steps=2", "eval_every=2", "cohort=4", "tracking=[csv]",
             "progress=false", f"out_dir={tmp_path}"]  # fmt: skip
-    rows = main("fcsg_auprc", DEFAULTS, argv, columns=COLUMNS)
+    rows = main("fcsg_auprc", DEFAULTS, argv, columns=COLUMNS, callbacks=[seen])
     assert [name for name, _ in rows] == DEFAULTS["updaters"]
-    for _, (res,) in rows:
-        assert 0.0 < res["val/ap"] <= 1.0
+    assert [loop.updater.name for loop in seen.loops] == DEFAULTS["updaters"]
+    for (name, (res,)), loop in zip(rows, seen.loops, strict=True):
+        # AP by scikit-learn on the final server model's scores of every held-out row
+        data, model = loop.data, loop.updater.model
+        with torch.no_grad():
+            s = torch.func.functional_call(model, loop.server["x"], (data.x_val,)).squeeze(-1)
+        y = data.y_val.numpy()
+        assert 0 < y.sum() < len(y)
+        expected = average_precision_score(y, s.double().numpy())
+        assert res["val/ap"] == pytest.approx(expected, rel=1e-6), name  # float32 inside
     assert (tmp_path / "fcsg_auprc-fcsg_m-seed0" / "version_0" / "metrics.csv").is_file()

@@ -161,6 +161,7 @@ def test_recipe_exits_2_with_one_clear_line_and_writes_nothing(tmp_path, capsys,
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.slow
 def test_command_line_error_has_no_traceback(tmp_path):
     proc = subprocess.run(
         [sys.executable, "-m", "lit_fedco.recipes.comfedl_dro", "client_dro.gamma=-2"],

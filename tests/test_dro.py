@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+import pytest
 import torch
 
 from lit_fedco.objectives.dro import (
@@ -26,6 +27,7 @@ def numerical_max_over_simplex(losses: torch.Tensor, gamma: float, iters: int = 
     return float(kl_dro_primal(losses, r, gamma))
 
 
+@pytest.mark.slow
 def test_kl_dro_value_equals_numerical_max_over_simplex():
     g = torch.Generator().manual_seed(0)
     for gamma in (0.1, 0.5, 2.0):
@@ -38,6 +40,7 @@ def test_kl_dro_value_equals_numerical_max_over_simplex():
         assert abs(float(kl_dro_primal(losses, r, gamma)) - closed) < 1e-12
 
 
+@pytest.mark.slow
 def test_kl_dro_value_upper_bounds_random_simplex_points_on_a_grid():
     losses = torch.tensor([0.3, 1.7, 0.9], dtype=torch.float64)
     gamma = 0.4

@@ -188,6 +188,12 @@ def test_fcsg_m_learns_the_separator():
     )
     out = loop.run()
     assert out["val/acc_pooled"] > 0.9
+    # the pooled accuracy is the share of held-out rows whose score has the label's sign
+    model = loop.updater.model
+    with torch.no_grad():
+        s = torch.func.functional_call(model, loop.server["x"], (loop.data.x_val,)).squeeze(-1)
+    hand = float(((s > 0).long() == loop.data.y_val).double().mean())
+    assert out["val/acc_pooled"] == pytest.approx(hand, abs=1e-12)
 
 
 # ---------------------------------------------------------------------- processes
@@ -201,6 +207,7 @@ def _run_recipe(out: Path, devices: int) -> dict:
     return run_recipe("fcsg_invariant", out, devices, *args)[0]
 
 
+@pytest.mark.slow
 def test_two_processes_equal_one_process(tmp_path):
     """FCSG-M and Acc-FCSG-M on 2 gloo processes: server x, v and every client's x⁻ to 1e-12,
     metrics exactly (float64); η | ξ drawn from per-client generators on either process."""

@@ -120,6 +120,7 @@ def test_ds_feddro_with_unit_server_steps_is_plain_averaging():
     assert float(new["y"]) == pytest.approx(3.0 + 1.4 * (1.0 - 3.0))
 
 
+@pytest.mark.slow
 def test_theorem41_example_fedavg_co_stalls_while_feddro_and_ds_feddro_converge():
     """η = 0.01, I = 5 (the example's settings). Floors and ceilings:
 
@@ -228,6 +229,7 @@ def _run_recipe(out: Path, devices: int) -> dict:
     return results
 
 
+@pytest.mark.slow
 def test_two_processes_equal_one_process(tmp_path):
     """FedDRO's per-step all-reduce and DS-FedDRO's server steps on 2 gloo processes (4 of the
     8 clients each) equal 1 process: server x and y to 1e-12 (float64), metrics exactly."""

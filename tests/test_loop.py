@@ -88,6 +88,18 @@ def test_comfedl_lifts_the_weight_of_the_worst_client():
     assert sum(weights) == pytest.approx(1.0)
     losses = loop.evaluate_clients.metrics["train"].compute()["loss_per_client"]
     assert int(np.argmax(weights)) == int(losses.argmax())
+    # the logged weights are softmax(L/γ) of each client's mean training cross-entropy under
+    # the final server model, recomputed here from the model's outputs
+    data, model = loop.data, loop.updater.model
+    hand = []
+    for k in range(6):
+        lo, hi = int(data.train_offsets[k]), int(data.train_offsets[k + 1])
+        with torch.no_grad():
+            logits = torch.func.functional_call(model, loop.server["x"], (data.x_train[lo:hi],))
+        hand.append(float(torch.nn.functional.cross_entropy(logits, data.y_train[lo:hi])))
+    np.testing.assert_allclose(losses.numpy(), hand, rtol=1e-12)
+    expected = torch.softmax(torch.tensor(hand, dtype=torch.float64) / 0.2, 0).numpy()
+    np.testing.assert_allclose(weights, expected, rtol=1e-10, atol=1e-14)
 
 
 def _run_recipe(out: Path, devices: int) -> dict:
@@ -98,6 +110,7 @@ def _run_recipe(out: Path, devices: int) -> dict:
     return run_recipe("comfedl_dro", out, devices, *args)[0]
 
 
+@pytest.mark.slow
 def test_two_processes_equal_one_process(tmp_path):
     """2-process gloo equals 1 process: server state to 1e-12 (float64), metrics exactly."""
     one = _run_recipe(tmp_path / "one", 1)

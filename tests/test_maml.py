@@ -117,6 +117,13 @@ def test_maml_loss_adapts_on_the_support_set():
 
     after = maml_loss(loss, params, (x, y), (x, y), lr=0.5, steps=3)
     assert float(after) < float(loss(params, x, y))
+    # three plain gradient steps of size 0.5 on the support set, by torch.autograd
+    p = {k: v.clone() for k, v in params.items()}
+    for _ in range(3):
+        leaves = {k: v.requires_grad_(True) for k, v in p.items()}
+        grads = torch.autograd.grad(loss(leaves, x, y), list(leaves.values()))
+        p = {k: (v - 0.5 * g).detach() for (k, v), g in zip(leaves.items(), grads, strict=True)}
+    assert float(after) == pytest.approx(float(loss(p, x, y)), rel=1e-12)
 
 
 def digits_tasks(**kw):
@@ -173,12 +180,34 @@ def write_tiny_omniglot(root: Path, chars: int = 3, drawers: int = 4) -> None:
                 Image.fromarray(img, mode="L").save(d / f"{c:04d}_{i:02d}.png")
 
 
+def resized_pngs(folder: Path) -> np.ndarray:
+    """The folder's PNGs as MAML's Omniglot reads them: 28×28 (Lanczos), ink = 1, in [0, 1]."""
+    out = []
+    for png in sorted(folder.glob("*.png")):
+        small = Image.open(png).convert("L").resize((28, 28), Image.Resampling.LANCZOS)
+        out.append(1.0 - np.asarray(small, dtype=np.float32) / 255.0)
+    return np.stack(out)
+
+
+def same_images(a: np.ndarray, b: np.ndarray) -> bool:
+    """Whether the stacks a and b hold the same images, in any order."""
+    return len(a) == len(b) and all(any(np.allclose(u, v, atol=1e-6) for v in b) for u in a)
+
+
 def test_omniglot_is_read_from_a_local_folder(tmp_path):
     write_tiny_omniglot(tmp_path)
     x, y = load_omniglot(tmp_path)
     assert x.shape == (24, 1, 28, 28) and x.dtype == torch.float32
     assert y.tolist() == [c for c in range(6) for _ in range(4)]
     assert float(x.min()) >= 0.0 and float(x.max()) <= 1.0
+    # each character's images are one folder's PNGs resized to 28×28 (Lanczos) with ink = 1;
+    # torchvision lists characters and images in directory order, so match them as sets
+    for split, labels in (("images_background", range(3)), ("images_evaluation", range(3, 6))):
+        chars = sorted((tmp_path / "omniglot-py" / split / "Alphabet_X").iterdir())
+        want = [resized_pngs(d) for d in chars]
+        matched = [[i for i, w in enumerate(want) if same_images(x[y == c, 0].numpy(), w)]
+                   for c in labels]  # fmt: skip
+        assert sorted(map(tuple, matched)) == [(0,), (1,), (2,)], matched  # a folder per label
     with pytest.raises(ConfigError, match="omniglot-py"):
         load_omniglot(tmp_path / "missing")
 
@@ -196,6 +225,7 @@ def test_omniglot_task_data_splits_characters(tmp_path):
     assert data.x_train.shape[1:] == (1, 28, 28)
 
 
+@pytest.mark.slow
 def test_recipe_runs_every_method_above_chance(tmp_path):
     """Every updater, FedAvg included, is evaluated after the same adaptation steps."""
     from lit_fedco.recipes.fcsg_maml import COLUMNS, DEFAULTS

@@ -180,6 +180,7 @@ def run_two_processes(args: list[str], cwd: Path, timeout: float = 120) -> None:
         assert p.returncode == 0, f"rank {r}: {err[-3000:]}"
 
 
+@pytest.mark.slow
 def test_two_processes_equal_one_process(tmp_path):
     """A real 2-process gloo job (Fabric ddp): synced sums give the 1-process result."""
     batches = random_batches(sizes=(50, 31, 17), seed=1)

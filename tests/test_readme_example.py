@@ -9,7 +9,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parent.parent
+
+pytestmark = pytest.mark.slow  # every test here runs a recipe in a subprocess
 
 
 def test_readme_fedprox_example_runs(tmp_path):

@@ -3,18 +3,27 @@
 from __future__ import annotations
 
 import csv
+import itertools
 import json
+import math
 import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+import torch
 import yaml
 
+from lit_fedco.config import load_config
+from lit_fedco.models import build_model
+from lit_fedco.recipes.comfedl_dro import DEFAULTS
+from lit_fedco.runner import DTYPES, build_data
 from lit_fedco.tracking import read_wandb_offline_run
 
 REPO = Path(__file__).resolve().parent.parent
+
+pytestmark = pytest.mark.slow  # every test here runs a recipe in a subprocess
 
 
 def run_offline(tmp_path: Path, recipe: str, *args: str) -> subprocess.CompletedProcess:
@@ -63,19 +72,35 @@ def test_comfedl_dro_compares_drfl_and_qfedavg_by_default(tmp_path):
     out = tmp_path / "out"
     args = [
         "rounds=3", "eval_every=3", "tracking=[csv]", "progress=false", f"out_dir={out}",
-        "data.big=200",
+        "data.big=200", "save_checkpoint=true",
     ]  # fmt: skip
     proc = run_offline(tmp_path, "comfedl_dro", *args)
     table = proc.stdout.split("final validation accuracy")[1].splitlines()
     assert [line.split()[0] for line in table[3:7]] == ["comfedl", "drfl", "qfedavg", "fedavg"]
     results = json.loads((out / "comfedl_dro-results.json").read_text())["results"]
+    cfg = load_config(args, DEFAULTS)
+    data = build_data(cfg, 0).to("cpu", DTYPES[cfg.dtype])
+    model = build_model(cfg.model.name, tuple(data.x_train.shape[1:]), data.num_classes, 0)
     for name in ("drfl", "qfedavg"):
-        assert 0.0 < results[name][0]["val/acc_avg"] <= 1.0
+        # every client's validation accuracy under the saved final model, from its predictions
+        ckpt = torch.load(out / f"comfedl_dro-{name}-seed0.ckpt", weights_only=False)
+        with torch.no_grad():
+            pred = torch.func.functional_call(model, ckpt["loop"]["server"]["x"], (data.x_val,))
+        hit = (pred.argmax(1) == data.y_val).double()
+        off = data.val_offsets.tolist()
+        acc = [float(hit[lo:hi].mean()) for lo, hi in itertools.pairwise(off)]
+        assert len(acc) == 10
+        res = results[name][0]
+        assert res["val/acc_avg"] == pytest.approx(sum(acc) / 10, abs=1e-12), name
+        assert res["val/acc_worst"] == pytest.approx(min(acc), abs=1e-12), name
     (csv_dir,) = list((out / "comfedl_dro-drfl-seed0").glob("version_*"))
     last = list(csv.DictReader((csv_dir / "metrics.csv").open()))[-1]
     lam = [float(last[f"dro/weight_client{k}"]) for k in range(10)]
     assert min(lam) >= 0 and sum(lam) == pytest.approx(1.0, abs=1e-6)
     assert max(lam) > 0.1 + 1e-4  # three ascent steps moved λ off uniform
+    # the logged weights are the server's λ at the end of the run
+    ckpt = torch.load(out / "comfedl_dro-drfl-seed0.ckpt", weights_only=False)
+    assert lam == pytest.approx(ckpt["loop"]["server"]["lam"].tolist(), rel=1e-12, abs=0)
     hp = yaml.safe_load((csv_dir / "hparams.yaml").read_text())
     assert hp["describe"]["updater"] == "drfl" and hp["describe"]["hparams"]["lam_lr"] == 0.08
 
@@ -96,6 +121,11 @@ def test_comfedl_maml_logs_to_wandb_offline_and_csv_with_the_damaml_weights(tmp_
     last = [h for h in run["history"] if "val/acc_worst" in h][-1]
     weights = [last[f"dro/weight_client{k}"] for k in range(10)]  # softmax(L/γ) after adaptation
     assert sum(weights) == pytest.approx(1.0, abs=1e-6) and min(weights) > 0
+    # w = softmax(L/γ) over the clients' training losses L: γ (log w_max − mean_k log w_k) is
+    # L_max − mean_k L_k, the logged train/loss_worst − train/loss_avg (float32 weights)
+    spread = 0.5 * (math.log(max(weights)) - sum(map(math.log, weights)) / 10)
+    assert last["train/loss_worst"] - last["train/loss_avg"] > 1e-3  # the weights differ
+    assert spread == pytest.approx(last["train/loss_worst"] - last["train/loss_avg"], abs=1e-5)
     results = json.loads((out / "comfedl_maml-results.json").read_text())["results"]
     assert last["val/acc_worst"] == results["comfedl_damaml"][0]["val/acc_worst"]
     (csv_dir,) = list((out / "comfedl_maml-comfedl_damaml-seed0").glob("version_*"))
