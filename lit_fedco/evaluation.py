@@ -21,7 +21,7 @@ from lit_fedco.metrics import PerClientClassification
 from lit_fedco.problems import Problem
 from lit_fedco.protocol import Sync
 from lit_fedco.round import ClientStore
-from lit_fedco.seeding import generator
+from lit_fedco.seeding import support_generator
 from lit_fedco.state import State, broadcast, tree_map
 from lit_fedco.updaters.base import CompositionalUpdater
 
@@ -96,7 +96,7 @@ class Evaluator:
         out = []
         for k in self.clients.tolist():
             lo, n_k = int(offsets[k]), int(offsets[k + 1] - offsets[k])
-            g = generator(self.seed, k, 0x5099)
+            g = support_generator(self.seed, k)
             local = (
                 torch.randperm(n_k, generator=g)[:size]
                 if n_k >= size

@@ -16,7 +16,6 @@ A run is therefore reproducible from its round counter and server state alone, a
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -31,62 +30,12 @@ from lit_fedco.executors import Executor
 from lit_fedco.problems import Classification, Problem, ProblemParams
 from lit_fedco.protocol import RoundInfo
 from lit_fedco.round import FabricComm, federated_round, make_store
-from lit_fedco.seeding import generator
+from lit_fedco.schedule import LoopConfig
+from lit_fedco.seeding import client_generator, sample_cohort
 from lit_fedco.state import State, tree_map
 from lit_fedco.updaters.base import CompositionalUpdater
 
-
-@dataclass(frozen=True)
-class LoopConfig:
-    """The schedule of a run (``ALGORITHMS.md``, "Notation").
-
-    Attributes:
-        rounds: S, the number of communication rounds.
-        local_steps: I (τ), local steps per round.
-        cohort: m, clients sampled per round (m = K: full participation).
-        batch_size: b, minibatch size per client, per role, per step.
-        eval_every: E, evaluate every E rounds (and after the last round).
-        seed: seeds the cohort and minibatch generators.
-        eval_batch: rows per forward pass at evaluation.
-        progress: show a progress bar (rank 0; drawn by the runner).
-    """
-
-    rounds: int = 100
-    local_steps: int = 5
-    cohort: int = 10
-    batch_size: int = 16
-    eval_every: int = 10
-    seed: int = 0
-    eval_batch: int = 4096
-    progress: bool = True
-
-    def validate(self, num_clients: int, world_size: int = 1) -> None:
-        """Range checks against K clients and the number of processes."""
-        k = num_clients
-        if not 1 <= self.cohort <= k:
-            raise ConfigError.bad_value(
-                "cohort", self.cohort, f"an int in [1, {k}] (K = {k})", str(k)
-            )
-        if self.cohort < world_size:
-            raise ConfigError.bad_value(
-                "cohort", self.cohort, f"at least the number of processes ({world_size})", str(k)
-            )
-        for key in ("rounds", "local_steps", "batch_size", "eval_every", "eval_batch"):
-            if getattr(self, key) < 1:
-                raise ConfigError.bad_value(key, getattr(self, key), "an int >= 1", "5")
-
-
-def sample_cohort(seed: int, round_idx: int, num_clients: int, m: int) -> Tensor:
-    """The sorted ids of the m clients of round ``round_idx``; identical on every rank."""
-    if m >= num_clients:
-        return torch.arange(num_clients)
-    g = generator(seed, round_idx, 0xC0407)
-    return torch.randperm(num_clients, generator=g)[:m].sort().values
-
-
-def client_generator(seed: int, client: int, round_idx: int) -> torch.Generator:
-    """A generator for client ``client``'s conditional samples in round ``round_idx``."""
-    return generator(seed, client, round_idx, 0xA06)
+__all__ = ["FederatedLoop", "LoopConfig", "client_generator", "sample_cohort"]
 
 
 class FederatedLoop:

@@ -10,6 +10,7 @@ import json
 import math
 import os
 import shlex
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -22,7 +23,7 @@ from omegaconf import DictConfig, OmegaConf
 from tqdm.auto import tqdm
 
 from lit_fedco.config import load_config, problem_name, problem_params, updater_hparams
-from lit_fedco.data import FederatedData, make_federated
+from lit_fedco.data import FederatedData, format_partition_stats, make_federated
 from lit_fedco.errors import ConfigError
 from lit_fedco.executors import make_executor
 from lit_fedco.loop import FederatedLoop, LoopConfig
@@ -136,12 +137,38 @@ def build_updater(
     return cls(updater_hparams(cfg, name), model, objective), problem
 
 
+def partition_summary(stats: dict[str, Any]) -> dict[str, Any]:
+    """What the run logs of its partition (:meth:`FederatedData.partition_stats`): K, C, the
+    totals and min / median / max of the per-client sizes and numbers of classes — a few
+    numbers whatever K, where the per-client lists would be K × C."""
+
+    def spread(values: list[int]) -> dict[str, float]:
+        return {"min": min(values), "median": statistics.median(values), "max": max(values)}
+
+    held = [sum(1 for n in row if n) for row in stats["train_class_counts"]]
+    return {
+        "name": stats["name"],
+        "num_clients": stats["num_clients"],
+        "num_classes": stats["num_classes"],
+        "train_total": sum(stats["train_sizes"]),
+        "val_total": sum(stats["val_sizes"]),
+        "train_per_client": spread(stats["train_sizes"]),
+        "val_per_client": spread(stats["val_sizes"]),
+        "classes_per_client": spread(held),
+    }
+
+
 def run_one(
-    fabric: Fabric, cfg: DictConfig, name: str, seed: int, recipe: str
+    fabric: Fabric, cfg: DictConfig, name: str, seed: int, recipe: str, announce: bool = False
 ) -> tuple[dict[str, float], FederatedLoop]:
-    """Run updater ``name`` with ``seed``; returns its final metrics and the loop."""
+    """Run updater ``name`` with ``seed``; returns its final metrics and the loop.
+
+    ``announce``: print the partition's statistics first (once per data set of a recipe)."""
     dtype = DTYPES[cfg.dtype]
     data = build_data(cfg, seed)
+    stats = data.partition_stats()
+    if announce and fabric.global_rank == 0:
+        print(format_partition_stats(stats), flush=True)
     updater, problem = build_updater(cfg, name, data, seed)
     loop_cfg = loop_config(cfg, seed)
     run_name = f"{recipe}-{name}-seed{seed}"
@@ -149,7 +176,12 @@ def run_one(
     resolved = OmegaConf.to_container(cfg, resolve=True)
     assert isinstance(resolved, dict)
     # the resolved config as it ran, and what the updater says of itself under its own key
-    logged = {**resolved, "seed": seed, "describe": updater.describe()}
+    logged = {
+        **resolved,
+        "seed": seed,
+        "describe": updater.describe(),
+        "partition": partition_summary(stats),
+    }
     loggers = (
         make_loggers(list(cfg.tracking), out_dir, run_name, cfg.project, logged)
         if fabric.global_rank == 0
@@ -273,10 +305,11 @@ def main(
     rows = []
     for i, (variant, vcfg) in enumerate(configs):
         tag = f"{recipe}-v{i}" if variant else recipe  # distinct run names per variant
-        for name in vcfg.updaters:
+        for j, name in enumerate(vcfg.updaters):
             results = []
             for seed in seeds:
-                final, _ = run_one(fabric, vcfg, name, seed, tag)
+                # the partition is printed once per data set: first updater, every seed
+                final, _ = run_one(fabric, vcfg, name, seed, tag, announce=j == 0)
                 results.append(final)
             rows.append((f"{name} [{variant}]" if variant else name, results))
     if fabric.global_rank == 0:

@@ -56,3 +56,24 @@ def numpy_generator(seed: int, *keys: int) -> np.random.Generator:
     hashed state; e.g. ``numpy_generator(seed, 12345)`` draws the data partition.
     """
     return np.random.default_rng(np.random.SeedSequence([seed, *keys]))
+
+
+# ---------------------------------------------------------------------- the run's named streams
+def sample_cohort(seed: int, round_idx: int, num_clients: int, m: int) -> torch.Tensor:
+    """The sorted ids of the m clients of round ``round_idx`` (stream (seed, round, 0xC0407));
+    identical on every process. m ≥ K is full participation."""
+    if m >= num_clients:
+        return torch.arange(num_clients)
+    g = generator(seed, round_idx, 0xC0407)
+    return torch.randperm(num_clients, generator=g)[:m].sort().values
+
+
+def client_generator(seed: int, client: int, round_idx: int) -> torch.Generator:
+    """Client ``client``'s conditional samples in round ``round_idx`` (stream
+    (seed, client, round, 0xA06))."""
+    return generator(seed, client, round_idx, 0xA06)
+
+
+def support_generator(seed: int, client: int) -> torch.Generator:
+    """Client ``client``'s fixed evaluation support batch (stream (seed, client, 0x5099))."""
+    return generator(seed, client, 0x5099)

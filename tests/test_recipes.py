@@ -51,6 +51,13 @@ def test_recipe_writes_a_wandb_offline_run_and_csv(tmp_path):
     ran = run["config"]["describe"]  # what ran, under its own key
     assert ran["updater"] == "comfedl" and ran["hparams"]["lr"] == 0.05
     assert ran["objective"] == {"objective": "ClientKLDRO", "gamma": 0.5, "form": "stable"}
+    # the partition, printed at the start and logged: one client of 200 images, nine of 20
+    # images of 2 classes each (the quantity split), 100 validation images each
+    assert "digits: 10 clients, 10 classes, 380 training and 1000 validation" in proc.stdout
+    part = run["config"]["partition"]
+    assert (part["num_clients"], part["train_total"], part["val_total"]) == (10, 380, 1000)
+    assert part["train_per_client"] == {"min": 20, "median": 20, "max": 200}
+    assert part["classes_per_client"] == {"min": 2, "median": 2, "max": 10}
     evals = [h for h in run["history"] if "val/acc_worst" in h]
     assert [h["trainer/global_step"] for h in evals] == [2, 4]
     per_class = [evals[-1][f"val/acc_class{c}"] for c in range(10)]  # every class is logged

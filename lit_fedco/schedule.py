@@ -1,0 +1,48 @@
+"""The schedule of a run: how many rounds, local steps, clients and rows, and when to
+evaluate (``ALGORITHMS.md``, "Notation")."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from lit_fedco.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class LoopConfig:
+    """The schedule of a run (``ALGORITHMS.md``, "Notation").
+
+    Attributes:
+        rounds: S, the number of communication rounds.
+        local_steps: I (τ), local steps per round.
+        cohort: m, clients sampled per round (m = K: full participation).
+        batch_size: b, minibatch size per client, per role, per step.
+        eval_every: E, evaluate every E rounds (and after the last round).
+        seed: seeds the cohort and minibatch generators.
+        eval_batch: rows per forward pass at evaluation.
+        progress: show a progress bar (rank 0; drawn by the runner).
+    """
+
+    rounds: int = 100
+    local_steps: int = 5
+    cohort: int = 10
+    batch_size: int = 16
+    eval_every: int = 10
+    seed: int = 0
+    eval_batch: int = 4096
+    progress: bool = True
+
+    def validate(self, num_clients: int, world_size: int = 1) -> None:
+        """Range checks against K clients and the number of processes."""
+        k = num_clients
+        if not 1 <= self.cohort <= k:
+            raise ConfigError.bad_value(
+                "cohort", self.cohort, f"an int in [1, {k}] (K = {k})", str(k)
+            )
+        if self.cohort < world_size:
+            raise ConfigError.bad_value(
+                "cohort", self.cohort, f"at least the number of processes ({world_size})", str(k)
+            )
+        for key in ("rounds", "local_steps", "batch_size", "eval_every", "eval_batch"):
+            if getattr(self, key) < 1:
+                raise ConfigError.bad_value(key, getattr(self, key), "an int >= 1", "5")
