@@ -110,14 +110,19 @@ class RunConfig:
         dtype: ``float32`` or ``float64``.
         accelerator / devices / num_nodes / strategy: passed to ``lightning.fabric.Fabric``.
         tracking: any of ``wandb``, ``csv``; ``[none]`` logs nothing.
-        out_dir: where logs, checkpoints and ``results.json`` go.
+        out_dir: runs go to ``<out_dir>/<recipe>/<run_name>/`` (config, metrics, W&B runs,
+            checkpoints, results; :mod:`lit_fedco.rundir`).
+        run_name: the run's folder name; empty: the start time (``20261124-093000``).
         project: the W&B project.
         progress: show a progress bar.
         threads: torch's intra-op CPU threads per process (0: torch's default). Small models
             run fastest with 1: their operations are too small to split, and idle threads
             spinning on a shared machine slow every step.
-        save_checkpoint: write ``<out_dir>/<run>.ckpt`` at the end of each run.
-        resume: a checkpoint to continue from (one updater, one seed).
+        checkpoint_every: write a checkpoint every this many rounds (and after the last round,
+            and on SIGTERM / SIGINT); 0: only then.
+        checkpoint_keep: checkpoints kept per (updater, seed), the newest.
+        resume: ``auto`` (continue the run ``run_name`` from its newest valid checkpoints) or a
+            checkpoint file (one updater, one seed); empty: a new run.
         objective: a registered problem (``client_dro``, ``sample_dro``, ``pfl``,
             ``invariant_logreg``, ``auprc``, ``maml``) whose objectives every updater trains,
             with its parameters under its name; empty: each updater's default problem
@@ -148,7 +153,9 @@ class RunConfig:
     project: str = "lit_fedco"
     progress: bool = True
     threads: int = 0
-    save_checkpoint: bool = False
+    run_name: str = ""
+    checkpoint_every: int = 10
+    checkpoint_keep: int = 3
     resume: str = ""
     objective: str = ""
     variants: list[str] = field(default_factory=list)

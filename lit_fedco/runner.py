@@ -1,38 +1,48 @@
-"""Runs a recipe: config → Fabric → data → one FederatedLoop per (updater, seed) → table.
+"""Runs a recipe: config → checks → run folder → Fabric → one sub-run per (variant, updater,
+seed) → table.
 
 Recipes (``lit_fedco/recipes/<name>.py``) are thin: they pass their defaults to
-:func:`main`. Everything a run needs is built here from the resolved config.
+:func:`main`. Every input error ends the process with exit code 2 and one line, before any
+process starts or file is written; then the run gets a folder of its own
+(:mod:`lit_fedco.rundir`), its sub-runs checkpoint as they go (:mod:`lit_fedco.session`), and
+``resume=auto run_name=NAME`` continues a run that was stopped or killed.
 """
 
 from __future__ import annotations
 
 import json
-import math
 import os
 import shlex
-import statistics
 import sys
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import torch
-from lightning.fabric import Fabric
 from omegaconf import DictConfig, OmegaConf
-from tqdm.auto import tqdm
 
-from lit_fedco.config import load_config, problem_name, problem_params, updater_hparams
-from lit_fedco.data import FederatedData, format_partition_stats, make_federated
+from lit_fedco import checkpoint as ckpt
+from lit_fedco.assemble import (
+    RESUMABLE_CHANGES,
+    build_data,
+    build_updater,
+    check_run,
+    make_fabric,
+)
+from lit_fedco.config import load_config
 from lit_fedco.errors import ConfigError
-from lit_fedco.executors import make_executor
-from lit_fedco.loop import FederatedLoop, LoopConfig
-from lit_fedco.models import build_model
-from lit_fedco.problems import Classification, Problem, ProblemParams, get_problem
-from lit_fedco.tracking import check_tracking, finalize_loggers, make_loggers
-from lit_fedco.updaters.base import CompositionalUpdater, get_updater
-
-DTYPES = {"float32": torch.float32, "float64": torch.float64}
+from lit_fedco.rundir import (
+    RUN_DIR_ENV,
+    check_writable,
+    contents,
+    existing_run_dir,
+    new_run_dir,
+    read_json,
+    write_json,
+    write_text,
+)
+from lit_fedco.session import Stopped, identity_of, run_sub, stop_on_signals, verify
 
 TABLE_COLUMNS = [
     ("val/acc_avg", "val avg acc"),
@@ -43,190 +53,99 @@ TABLE_COLUMNS = [
 ]
 
 
-class Diverged(FloatingPointError):
-    """The training loss became NaN or infinite (the same round on every process)."""
+@dataclass
+class Plan:
+    """What a run will do, decided before any process starts.
 
-    def __init__(self, round_idx: int, message: str) -> None:
-        super().__init__(message)
-        self.round = round_idx
-
-
-def make_fabric(cfg: DictConfig, callbacks: list[Any] | None = None) -> Fabric:
-    """A launched Fabric for the config's accelerator, devices, nodes and strategy.
-
-    ``callbacks`` are objects with any of the loop's hooks (``on_round_start(loop, cohort)``,
-    ``on_round_end(loop, logs)``, ``on_eval_end(loop, metrics)``), called through
-    ``fabric.call`` on every process."""
-    strategy = cfg.strategy
-    if strategy == "auto" and cfg.devices * cfg.num_nodes > 1:
-        strategy = "ddp"  # processes started by Fabric; gloo on CPU, NCCL on GPUs
-    fabric = Fabric(
-        accelerator=cfg.accelerator,
-        devices=cfg.devices,
-        num_nodes=cfg.num_nodes,
-        strategy=strategy,
-        callbacks=callbacks,
-    )
-    fabric.launch()
-    return fabric
-
-
-def build_data(cfg: DictConfig, seed: int) -> FederatedData:
-    """The federated data set of the config (partition seeded by ``seed``)."""
-    d = cfg.data
-    return make_federated(SimpleNamespace(**OmegaConf.to_container(d), seed=seed))  # type: ignore[arg-type]
-
-
-def loop_config(cfg: DictConfig, seed: int) -> LoopConfig:
-    """The loop's schedule from the run config."""
-    return LoopConfig(
-        rounds=cfg.rounds,
-        local_steps=cfg.local_steps,
-        cohort=cfg.cohort,
-        batch_size=cfg.batch_size,
-        eval_every=cfg.eval_every,
-        seed=seed,
-        progress=cfg.progress,
-    )
-
-
-def check_run(cfg: DictConfig) -> None:
-    """Every check that can fail on user input, before any process starts or file is written."""
-    for name in cfg.updaters:
-        updater_hparams(cfg, name)
-    if cfg.dtype not in DTYPES:
-        raise ConfigError.bad_value("dtype", cfg.dtype, f"one of {sorted(DTYPES)}", "float32")
-    make_executor(cfg.executor, cfg.chunk_size)
-    check_tracking(list(cfg.tracking))
-    if cfg.resume and (len(cfg.updaters) != 1 or len(cfg.seeds) > 1):
-        raise ConfigError.bad_value(
-            "resume", cfg.resume, "a single updater and seed with it", "... updater=comfedl"
-        )
-    if cfg.threads < 0:
-        raise ConfigError.bad_value("threads", cfg.threads, "an int >= 0 (0: torch's default)", "1")
-    if cfg.devices < 1 or cfg.num_nodes < 1:
-        raise ConfigError.bad_value("devices", cfg.devices, "an int >= 1", "2")
-    data = build_data(cfg, cfg.seed)  # missing files, impossible splits
-    loop_config(cfg, cfg.seed).validate(data.num_clients, cfg.devices * cfg.num_nodes)
-    for name in cfg.updaters:  # model sizes, and an objective of the problem for each updater
-        build_updater(cfg, name, data, 0)
-
-
-def build_updater(
-    cfg: DictConfig, name: str, data: FederatedData, seed: int
-) -> tuple[CompositionalUpdater, Problem]:
-    """Updater ``name`` with a model seeded by ``seed``, and the problem it runs on.
-
-    The run's problem (``cfg.objective``, or the updater's default problem; plain
-    :class:`~lit_fedco.problems.Classification` when neither names one) decides the model's
-    output size and gives the updater the objective of the first of its compositions the
-    problem offers (FCSG the conditional objective, FedAvg the problem's empirical risk).
+    Attributes:
+        run_dir: the run folder (None: to be created).
+        resume: per sub-run folder name, the checkpoint it continues from.
+        done: per sub-run folder name, the final metrics of a sub-run already complete.
+        notes: lines to print (checkpoints skipped as corrupted, sub-runs complete).
     """
-    cls = get_updater(name)
-    pname = problem_name(cfg, name)
-    problem = (
-        get_problem(pname)(problem_params(cfg, pname), data)
-        if pname
-        else Classification(ProblemParams(), data)
-    )
-    model = build_model(
-        cfg.model.name, tuple(data.x_train.shape[1:]), problem.num_outputs(), seed,
-        cfg.model.hidden,
-    )  # fmt: skip
-    objective = problem.objective_for(cls.compositions, model)
-    return cls(updater_hparams(cfg, name), model, objective), problem
+
+    run_dir: Path | None = None
+    resume: dict[str, Path] = field(default_factory=dict)
+    done: dict[str, dict[str, float]] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
 
 
-def partition_summary(stats: dict[str, Any]) -> dict[str, Any]:
-    """What the run logs of its partition (:meth:`FederatedData.partition_stats`): K, C, the
-    totals and min / median / max of the per-client sizes and numbers of classes — a few
-    numbers whatever K, where the per-client lists would be K × C."""
-
-    def spread(values: list[int]) -> dict[str, float]:
-        return {"min": min(values), "median": statistics.median(values), "max": max(values)}
-
-    held = [sum(1 for n in row if n) for row in stats["train_class_counts"]]
-    return {
-        "name": stats["name"],
-        "num_clients": stats["num_clients"],
-        "num_classes": stats["num_classes"],
-        "train_total": sum(stats["train_sizes"]),
-        "val_total": sum(stats["val_sizes"]),
-        "train_per_client": spread(stats["train_sizes"]),
-        "val_per_client": spread(stats["val_sizes"]),
-        "classes_per_client": spread(held),
-    }
+def sub_runs(configs: list[tuple[str, DictConfig]], seeds: list[int]):  # type: ignore[no-untyped-def]
+    """``(variant index, variant, config, updater, seed, folder name)`` of every sub-run."""
+    for i, (variant, vcfg) in enumerate(configs):
+        for name in vcfg.updaters:
+            for seed in seeds:
+                folder = f"{name}-seed{seed}" if not variant else f"v{i}-{name}-seed{seed}"
+                yield i, variant, vcfg, name, seed, folder
 
 
-def run_one(
-    fabric: Fabric, cfg: DictConfig, name: str, seed: int, recipe: str, announce: bool = False
-) -> tuple[dict[str, float], FederatedLoop]:
-    """Run updater ``name`` with ``seed``; returns its final metrics and the loop.
+def plan_run(
+    recipe: str, cfg: DictConfig, configs: list[tuple[str, DictConfig]], seeds: list[int]
+) -> Plan:
+    """Where the run goes and what it resumes; every resume problem is found here.
 
-    ``announce``: print the partition's statistics first (once per data set of a recipe)."""
-    dtype = DTYPES[cfg.dtype]
-    data = build_data(cfg, seed)
-    stats = data.partition_stats()
-    if announce and fabric.global_rank == 0:
-        print(format_partition_stats(stats), flush=True)
-    updater, problem = build_updater(cfg, name, data, seed)
-    loop_cfg = loop_config(cfg, seed)
-    run_name = f"{recipe}-{name}-seed{seed}"
+    Raises:
+        ConfigError: an unwritable output location, a run name in use, no run to resume, or a
+            checkpoint that does not verify or belongs to another run.
+    """
     out_dir = Path(cfg.out_dir)
-    resolved = OmegaConf.to_container(cfg, resolve=True)
-    assert isinstance(resolved, dict)
-    # the resolved config as it ran, and what the updater says of itself under its own key
-    logged = {
-        **resolved,
-        "seed": seed,
-        "describe": updater.describe(),
-        "partition": partition_summary(stats),
-    }
-    loggers = (
-        make_loggers(list(cfg.tracking), out_dir, run_name, cfg.project, logged)
-        if fabric.global_rank == 0
-        else []
-    )
-    executor = make_executor(cfg.executor, cfg.chunk_size)
-    loop = FederatedLoop(fabric, updater, data, loop_cfg, executor, dtype, problem)
-    if cfg.resume:
-        loop.load(cfg.resume)
-    bar = tqdm(
-        total=loop_cfg.rounds,
-        initial=loop.round,
-        desc=name,
-        disable=not loop_cfg.progress or fabric.global_rank != 0,
-        dynamic_ncols=True,
-    )
-
-    def on_round(logs: dict[str, float]) -> None:
-        """Progress, logging and the divergence check after every round."""
-        if "val/acc_avg" in logs:
-            bar.set_postfix(avg=f"{logs['val/acc_avg']:.3f}", worst=f"{logs['val/acc_worst']:.3f}")
-        if not math.isfinite(logs.get("train/loss", 0.0)):
-            raise Diverged(
-                loop.round,
-                f"{name}: training loss became {logs['train/loss']} in round {loop.round}; "
-                f"lower the step size ({name}.lr)",
+    check_writable(out_dir)
+    plan = Plan()
+    if not cfg.resume:
+        if cfg.run_name and (out_dir / recipe / cfg.run_name).exists():
+            raise ConfigError(
+                f"run_name: got {cfg.run_name!r}, but {out_dir / recipe / cfg.run_name} already "
+                "holds a run; continue it with resume=auto, or choose another run_name",
+                key="run_name",
             )
-        for logger in loggers:
-            logger.log_metrics(logs, step=loop.round)
-        bar.update(1)
+        return plan
+    if cfg.resume == "auto":
+        plan.run_dir = existing_run_dir(out_dir, recipe, cfg.run_name)
+        for _, _, vcfg, name, seed, folder in sub_runs(configs, seeds):
+            _plan_sub(plan, recipe, vcfg, name, seed, plan.run_dir / folder)
+        if plan.done and not plan.resume and len(plan.done) == len(list(sub_runs(configs, seeds))):
+            plan.notes.append(f"run {plan.run_dir.name} is already complete: nothing to run")
+        return plan
+    path = Path(cfg.resume)
+    found = ckpt.load(path)  # unreadable, truncated, corrupted: refused here
+    ((_, _, vcfg, name, seed, folder),) = list(sub_runs(configs, seeds))
+    data = build_data(vcfg, seed)
+    params = build_updater(vcfg, name, data, seed)[0].params()
+    verify(found, identity_of(recipe, vcfg, name, seed, data, params), path)
+    if _already_done(found, vcfg):
+        raise ConfigError(
+            f"resume: {path} is at round {found['loop']['round']}, the end of a "
+            f"{vcfg.rounds}-round run; it is complete (set rounds=N larger to continue it)",
+            key="resume",
+        )
+    sub_dir = path.resolve().parent.parent
+    if sub_dir.name == folder and (sub_dir.parent / "config.yaml").is_file():
+        plan.run_dir = sub_dir.parent  # continue in the run the checkpoint belongs to
+    plan.resume[folder] = path
+    return plan
 
-    start = time.perf_counter()
-    try:
-        final = loop.run(on_round)
-    except Diverged as err:  # a result, not a crash: reported in the table, the rest go on
-        if fabric.global_rank == 0:
-            print(f"lit_fedco: {err}", file=sys.stderr)
-        final = {"diverged_round": float(err.round)}
-    finally:
-        bar.close()
-        finalize_loggers(loggers)
-    final = {**final, "time_s": time.perf_counter() - start}
-    if cfg.save_checkpoint:
-        loop.save(out_dir / f"{run_name}.ckpt")
-    return final, loop
+
+def _already_done(found: dict[str, Any], cfg: DictConfig) -> bool:
+    return int(found["loop"]["round"]) >= cfg.rounds
+
+
+def _plan_sub(plan: Plan, recipe: str, cfg: DictConfig, name: str, seed: int, folder: Path) -> None:
+    status = read_json(folder / "status.json") or {}
+    if status.get("state") == "diverged" and status.get("final"):
+        plan.done[folder.name] = status["final"]  # a result: resuming would diverge again
+        return
+    newest = ckpt.newest_valid(folder / "checkpoints")
+    if newest is None:
+        return  # nothing to resume: the sub-run starts from round 0
+    path, found, skipped = newest
+    plan.notes += [f"skipped: {reason}" for reason in skipped]
+    data = build_data(cfg, seed)
+    params = build_updater(cfg, name, data, seed)[0].params()
+    verify(found, identity_of(recipe, cfg, name, seed, data, params), path)
+    if _already_done(found, cfg) and status.get("final"):
+        plan.done[folder.name] = status["final"]
+    else:
+        plan.resume[folder.name] = path
 
 
 def format_table(
@@ -275,57 +194,120 @@ def main(
     columns: list[tuple[str, str]] | None = None,
     callbacks: list[Any] | None = None,
 ) -> list[Any]:
-    """Entry point of every recipe: parse, run each (updater, seed), print and save a table.
+    """Entry point of every recipe: parse, check, run each (variant, updater, seed), print the
+    table and save it with the results in the run folder.
 
     Bad input ends the process with exit code 2 and a one-line message, before anything is
-    written. ``columns`` are the table's (metric key, label) pairs (:data:`TABLE_COLUMNS` by
-    default). ``callbacks`` receive the loop's hooks (see :func:`make_fabric`).
+    written. SIGTERM or SIGINT stop the run after the current round with a checkpoint (exit
+    code 128 + the signal). ``columns`` are the table's (metric key, label) pairs
+    (:data:`TABLE_COLUMNS` by default); ``callbacks`` receive the loop's hooks
+    (:func:`~lit_fedco.assemble.make_fabric`).
     """
     argv = sys.argv[1:] if argv is None else argv
     if any(a in ("-h", "--help", "help") for a in argv):
         print(f"usage: python -m lit_fedco.recipes.{recipe} [preset=NAME] [key=value ...]\n")
         print(OmegaConf.to_yaml(load_config([], defaults)))
         return []
+    child = os.environ.get(RUN_DIR_ENV)  # a process Fabric started: the launcher checked it all
     try:
         cfg = load_config(argv, defaults)
         # One config per entry of ``variants`` (its overrides applied last), or just cfg.
         configs = [(v, load_config([*argv, *shlex.split(v)], defaults)) for v in cfg.variants] or [
             ("", cfg)
         ]
-        for _, c in configs:
-            check_run(c)
+        seeds = list(cfg.seeds) or [cfg.seed]
+        if not child:
+            for _, c in configs:
+                check_run(c)
+        # the processes Fabric starts read the same files and come to the same plan
+        plan = plan_run(recipe, cfg, configs, seeds) if not child or cfg.resume else Plan()
+        run_dir = (
+            Path(child)
+            if child
+            else plan.run_dir or new_run_dir(Path(cfg.out_dir), recipe, cfg.run_name)
+        )
     except ConfigError as err:
         print(f"lit_fedco: {err}", file=sys.stderr)
         raise SystemExit(2) from None
     os.environ.setdefault("WANDB_SILENT", "true")
     if cfg.threads > 0:
         torch.set_num_threads(cfg.threads)
-    fabric = make_fabric(cfg, callbacks)
-    seeds = list(cfg.seeds) or [cfg.seed]
-    rows = []
-    for i, (variant, vcfg) in enumerate(configs):
-        tag = f"{recipe}-v{i}" if variant else recipe  # distinct run names per variant
-        for j, name in enumerate(vcfg.updaters):
-            results = []
-            for seed in seeds:
-                # the partition is printed once per data set: first updater, every seed
-                final, _ = run_one(fabric, vcfg, name, seed, tag, announce=j == 0)
-                results.append(final)
-            rows.append((f"{name} [{variant}]" if variant else name, results))
-    if fabric.global_rank == 0:
-        table = format_table(rows, columns)
-        print(f"\n{recipe}: final validation accuracy per client (avg = mean over clients)")
-        print(table)
-        out = Path(cfg.out_dir) / f"{recipe}-results.json"
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(
-            json.dumps(
-                {
-                    "config": OmegaConf.to_container(cfg, resolve=True),
-                    "results": {name: res for name, res in rows},
-                },
-                indent=1,
-            )
-        )
-        print(f"results: {out}")
-    return rows
+    os.environ[RUN_DIR_ENV] = str(run_dir)
+    try:
+        fabric = make_fabric(cfg, callbacks)
+        return _run(recipe, cfg, configs, seeds, plan, run_dir, fabric, columns)
+    finally:
+        if not child:
+            os.environ.pop(RUN_DIR_ENV, None)
+
+
+def _run(
+    recipe: str,
+    cfg: DictConfig,
+    configs: list[tuple[str, DictConfig]],
+    seeds: list[int],
+    plan: Plan,
+    run_dir: Path,
+    fabric: Any,
+    columns: list[tuple[str, str]] | None,
+) -> list[Any]:
+    """Every sub-run of a planned run, then the table, the results and the folder's listing."""
+    rank0 = fabric.global_rank == 0
+    if rank0:
+        _record_start(cfg, plan, run_dir)
+        for note in plan.notes:
+            print(f"lit_fedco: {note}", file=sys.stderr)
+    rows: dict[str, list[dict[str, float]]] = {}
+    with stop_on_signals():
+        try:
+            for i, variant, vcfg, name, seed, folder in sub_runs(configs, seeds):
+                if folder in plan.done:
+                    final = plan.done[folder]
+                    if rank0:
+                        print(f"lit_fedco: {folder} is already complete; its results are kept")
+                else:
+                    announce = name == vcfg.updaters[0]  # once per data set
+                    final, _ = run_sub(fabric, vcfg, name, seed, recipe, run_dir / folder,
+                                       plan.resume.get(folder), announce)  # fmt: skip
+                rows.setdefault(f"{name} [{variant}]" if variant else name, []).append(final)
+                del i
+        except Stopped as stop:
+            if rank0:
+                where = f"; checkpoint {stop.saved}" if stop.saved else ""
+                print(
+                    f"lit_fedco: {stop}{where}; continue with: resume=auto "
+                    f"run_name={run_dir.name} out_dir={cfg.out_dir}",
+                    file=sys.stderr,
+                )
+            raise SystemExit(128 + stop.signum) from None
+    table_rows = list(rows.items())
+    if rank0:
+        table = format_table(table_rows, columns)
+        title = f"{recipe}: final metrics per method (validation, mean over clients)"
+        print(f"\n{title}\n{table}")
+        results = {"config": OmegaConf.to_container(cfg, resolve=True), "results": rows}
+        write_json(run_dir / "results.json", results)
+        write_text(run_dir / "table.txt", f"{title}\n{table}\n")
+        print(f"\n{contents(run_dir)}")
+    return table_rows
+
+
+def _record_start(cfg: DictConfig, plan: Plan, run_dir: Path) -> None:
+    """``config.yaml`` for a new run; one line of ``resumes.jsonl`` for a resumed one, with
+    what changed (rounds, and how it executes)."""
+    resolved = OmegaConf.to_container(cfg, resolve=True)
+    first = run_dir / "config.yaml"
+    if not first.exists():
+        write_text(first, OmegaConf.to_yaml(OmegaConf.create(resolved)))
+        return
+    before = OmegaConf.to_container(OmegaConf.load(first), resolve=True)
+    assert isinstance(before, dict) and isinstance(resolved, dict)
+    changed = {k: [before.get(k), resolved.get(k)] for k in RESUMABLE_CHANGES
+               if before.get(k) != resolved.get(k)}  # fmt: skip
+    line = {"time": time.strftime("%Y-%m-%dT%H:%M:%S"), "resume": cfg.resume, "changed": changed,
+            "from": {k: str(v) for k, v in plan.resume.items()}}  # fmt: skip
+    with open(run_dir / "resumes.jsonl", "a") as f:
+        f.write(json.dumps(line) + "\n")
+    if changed:
+        print(f"lit_fedco: resuming {run_dir.name} with " + ", ".join(
+            f"{k}: {a} -> {b}" for k, (a, b) in changed.items()))  # fmt: skip

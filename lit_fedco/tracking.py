@@ -1,8 +1,9 @@
 """Experiment tracking through Lightning Fabric's logger interface: W&B and CSV.
 
 ``tracking`` lists the trackers of a run: ``[wandb, csv]`` (the default of the recipes),
-either one, or ``[none]``. Every logger receives the resolved config before the first metric:
-W&B as the run's config, CSV as ``hparams.yaml`` beside ``metrics.csv``.
+either one, or ``[none]``. Every run records its metrics in its run folder
+(``metrics.jsonl`` and ``metrics.csv``, beside ``config.yaml``); ``wandb`` adds a W&B run,
+which receives the resolved config before the first metric.
 
 W&B never stops at a login prompt. Its mode is, in this order: ``WANDB_MODE`` when set
 (``disabled`` writes nothing at all, not even a ``wandb/`` folder); otherwise ``online`` when
@@ -31,8 +32,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-import yaml
-from lightning.fabric.loggers import CSVLogger, Logger
+from lightning.fabric.loggers import Logger
 from lightning.fabric.utilities.rank_zero import rank_zero_only
 from lightning.pytorch.loggers import WandbLogger
 from omegaconf import DictConfig, ListConfig, OmegaConf
@@ -134,25 +134,6 @@ def _wandb_netloc() -> str:
 
 
 # --------------------------------------------------------------------------- loggers
-class CSVTracker(CSVLogger):
-    """Fabric's CSV logger plus the resolved config as ``hparams.yaml`` beside ``metrics.csv``.
-
-    Fabric's :class:`~lightning.fabric.loggers.CSVLogger` raises ``NotImplementedError`` in
-    ``log_hyperparams``; this one writes the file (on rank 0 only, like the metrics).
-    """
-
-    @rank_zero_only
-    def log_hyperparams(self, params: Any, *args: Any, **kwargs: Any) -> None:
-        """Write ``params`` (a dict, ``DictConfig``, ``Namespace`` or dataclass) to
-        ``<log_dir>/hparams.yaml``, replacing the file atomically."""
-        # The writer first: it warns about (and clears) a log folder that already has files.
-        path = Path(self.experiment.log_dir)
-        path.mkdir(parents=True, exist_ok=True)
-        tmp = path / ".hparams.yaml.part"
-        tmp.write_text(yaml.safe_dump(plain_config(params), sort_keys=False))
-        tmp.replace(path / "hparams.yaml")
-
-
 class WandbTracker(WandbLogger):
     """Lightning's W&B logger, whose ``finalize`` also ends the W&B run.
 
@@ -179,43 +160,46 @@ class WandbTracker(WandbLogger):
 
 def make_loggers(
     tracking: list[str] | str,
-    out_dir: str | Path,
+    wandb_dir: str | Path,
     run_name: str,
     project: str,
     config: Mapping[str, Any] | Namespace | Any,
+    wandb_id: str | None = None,
 ) -> list[Logger]:
-    """Loggers for ``tracking``, each already holding the resolved ``config``.
+    """The experiment trackers of ``tracking``, each already holding the resolved ``config``.
+
+    Every run records its metrics in its run folder (``metrics.jsonl`` and ``metrics.csv``,
+    :class:`lit_fedco.rundir.History`) whatever ``tracking`` says; ``csv`` asks for nothing
+    more, ``wandb`` adds a W&B run.
 
     Args:
         tracking: any of ``"wandb"``, ``"csv"``; ``["none"]`` or ``[]`` for none.
-        out_dir: CSV logs go to ``<out_dir>/<run_name>/version_<n>/``, W&B runs to
-            ``<out_dir>/wandb/``.
-        run_name: the run's name (W&B display name, CSV folder). Its part before the first
-            ``-`` is the W&B group, so that a recipe's updaters and seeds group together.
+        wandb_dir: where W&B writes its runs (``wandb/offline-run-*`` offline).
+        run_name: the run's name (W&B display name). Its part before the first ``-`` is the
+            W&B group, so that a recipe's updaters and seeds group together.
         project: the W&B project.
         config: the resolved config (dict, ``DictConfig``, ``Namespace`` or dataclass).
+        wandb_id: the id of the W&B run to continue (a resumed run), or None for a new one.
 
     Returns:
-        The loggers, for ``Fabric(loggers=...)`` or a loop's ``log_metrics`` calls; end them
-        with :func:`finalize_loggers`. Empty for ``[none]`` and for W&B alone with
-        ``WANDB_MODE=disabled``. Safe to call on every rank: only rank 0 writes.
+        The loggers (for a loop's ``log_metrics`` calls; end them with
+        :func:`finalize_loggers`). Empty without W&B, and for ``WANDB_MODE=disabled``.
 
     Raises:
         ConfigError: as :func:`check_tracking`.
     """
     names = check_tracking(tracking)
-    params = plain_config(config)
     loggers: list[Logger] = []
-    if "csv" in names:
-        loggers.append(CSVTracker(root_dir=str(out_dir), name=run_name))
     if "wandb" in names and (mode := wandb_mode()) != "disabled":
-        loggers.append(_wandb_logger(Path(out_dir), run_name, project, mode))
+        loggers.append(_wandb_logger(Path(wandb_dir), run_name, project, mode, wandb_id))
     for logger in loggers:
-        logger.log_hyperparams(params)
+        logger.log_hyperparams(plain_config(config))
     return loggers
 
 
-def _wandb_logger(out_dir: Path, run_name: str, project: str, mode: str) -> WandbTracker:
+def _wandb_logger(
+    out_dir: Path, run_name: str, project: str, mode: str, run_id: str | None
+) -> WandbTracker:
     import wandb
 
     # wandb falls back to a temporary folder when ``dir`` does not exist
@@ -231,6 +215,8 @@ def _wandb_logger(out_dir: Path, run_name: str, project: str, mode: str) -> Wand
         group=run_name.split("-")[0],
         mode=mode,  # passed to wandb.init, instead of offline=True which sets WANDB_MODE
         settings=wandb.Settings(quiet=True) if quiet else None,
+        id=run_id,  # a resumed run continues its W&B run
+        resume="allow" if run_id else None,
     )
 
 

@@ -127,10 +127,23 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def the_run(out: Path, recipe: str) -> Path:
+    """The one run folder a test's recipe run wrote under ``out`` (``out/recipe/<run>/``)."""
+    (run,) = [p for p in (out / recipe).iterdir() if p.is_dir()]
+    return run
+
+
+def final_checkpoint(sub_dir: Path) -> dict:
+    """The newest checkpoint of a sub-run folder (``<run>/<updater>-seed<s>/``), verified."""
+    from lit_fedco import checkpoint
+
+    return checkpoint.load(checkpoint.listing(sub_dir / "checkpoints")[-1])
+
+
 def run_recipe(recipe: str, out: Path, devices: int, *args: str) -> tuple[dict, str]:
     """``python -m lit_fedco.recipes.RECIPE devices=N out_dir=OUT ARGS`` in a subprocess (Fabric
     starts the other processes: gloo on CPU), without tracking or progress bars; returns the
-    results JSON it wrote and its standard output."""
+    results JSON it wrote (in its run folder) and its standard output."""
     cmd = [
         sys.executable, "-m", f"lit_fedco.recipes.{recipe}", f"devices={devices}",
         "tracking=[none]", "progress=false", f"out_dir={out}", *args,
@@ -138,4 +151,4 @@ def run_recipe(recipe: str, out: Path, devices: int, *args: str) -> tuple[dict, 
     env = {**os.environ, "MASTER_PORT": str(free_port()), "WANDB_MODE": "disabled"}
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300, cwd=REPO)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    return json.loads((out / f"{recipe}-results.json").read_text()), proc.stdout
+    return json.loads((the_run(out, recipe) / "results.json").read_text()), proc.stdout

@@ -18,7 +18,7 @@ from lit_fedco.errors import ConfigError
 from lit_fedco.metrics import PooledAveragePrecision
 from lit_fedco.objectives.conditional import AveragePrecision, auc_minmax_loss
 from lit_fedco.problems import AUPRCParams, AUPRCProblem
-from tests.helpers import LastLoops
+from tests.helpers import LastLoops, the_run
 
 
 class Linear(nn.Module):
@@ -171,4 +171,4 @@ def test_recipe_runs_every_method_and_logs(tmp_path):
         assert 0 < y.sum() < len(y)
         expected = average_precision_score(y, s.double().numpy())
         assert res["val/ap"] == pytest.approx(expected, rel=1e-6), name  # float32 inside
-    assert (tmp_path / "fcsg_auprc-fcsg_m-seed0" / "version_0" / "metrics.csv").is_file()
+    assert (the_run(tmp_path, "fcsg_auprc") / "fcsg_m-seed0" / "metrics.csv").is_file()

@@ -159,9 +159,9 @@ def test_resnet20_is_a_pure_function_of_its_parameters_under_vmap():
 def test_cifar_st_presets_resolve_and_pass_the_run_checks(tmp_path, kind, c):
     """The paper's settings (§6): 8 equal clients, batch 16, ResNet20, η/10 after 90 rounds,
     γ_x = 1.3, γ_y = 1.4; every key validates against the schema and the data builds."""
+    from lit_fedco.assemble import check_run
     from lit_fedco.config import load_config
     from lit_fedco.recipes.ds_feddro import DEFAULTS
-    from lit_fedco.runner import check_run
 
     write_cifar(tmp_path, kind, per_class_train=4, per_class_test=2, c=c)
     argv = [f"preset=ds_feddro_{kind}_st", f"data.data_dir={tmp_path}", "data.val_per_client=20"]

@@ -21,7 +21,7 @@ from lit_fedco.objectives.conditional import ConditionalObjective
 from lit_fedco.problems import InvariantLogRegParams, InvariantLogRegProblem
 from lit_fedco.updaters import get_updater
 from lit_fedco.updaters.fcsg import FCSGM, AccFCSGM, FCSGMHparams
-from tests.helpers import flat_server, run_recipe
+from tests.helpers import final_checkpoint, flat_server, run_recipe, the_run
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -202,7 +202,7 @@ def _run_recipe(out: Path, devices: int) -> dict:
         "variants=[]", "updaters=[fcsg_m,acc_fcsg_m]", "rounds=2", "eval_every=2",
         "local_steps=5", "cohort=5", "data.num_clients=6", "data.train_per_client=30",
         "data.val_per_client=50", "fcsg_m.init_batches=2", "dtype=float64",
-        "save_checkpoint=true",
+
     ]  # fmt: skip
     return run_recipe("fcsg_invariant", out, devices, *args)[0]
 
@@ -214,8 +214,8 @@ def test_two_processes_equal_one_process(tmp_path):
     one = _run_recipe(tmp_path / "one", 1)
     two = _run_recipe(tmp_path / "two", 2)
     for name in ("fcsg_m", "acc_fcsg_m"):
-        a = torch.load(tmp_path / "one" / f"fcsg_invariant-{name}-seed0.ckpt", weights_only=False)
-        b = torch.load(tmp_path / "two" / f"fcsg_invariant-{name}-seed0.ckpt", weights_only=False)
+        a = final_checkpoint(the_run(tmp_path / "one", "fcsg_invariant") / f"{name}-seed0")
+        b = final_checkpoint(the_run(tmp_path / "two", "fcsg_invariant") / f"{name}-seed0")
         torch.testing.assert_close(b["loop"]["server"], a["loop"]["server"], rtol=1e-12, atol=1e-12)
         torch.testing.assert_close(
             b["loop"]["clients"], a["loop"]["clients"], rtol=1e-12, atol=1e-12

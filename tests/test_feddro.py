@@ -34,7 +34,7 @@ from lit_fedco.updaters.feddro import (
     FedDROHparams,
     MBSGDHparams,
 )
-from tests.helpers import assert_executors_agree, make_loop, run_recipe
+from tests.helpers import assert_executors_agree, final_checkpoint, make_loop, run_recipe, the_run
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -221,7 +221,7 @@ def test_vectorized_equals_sequential(name, hparams, problem):
 def _run_recipe(out: Path, devices: int) -> dict:
     args = [
         "updaters=[feddro,ds_feddro]", "rounds=3", "eval_every=3", "local_steps=3",
-        "dtype=float64", "save_checkpoint=true", "sample_dro.kind=kl", "sample_dro.lam=0.5",
+        "dtype=float64", "sample_dro.kind=kl", "sample_dro.lam=0.5",
         "threads=1",
     ]  # fmt: skip
     results, stdout = run_recipe("feddro", out, devices, *args)
@@ -236,8 +236,8 @@ def test_two_processes_equal_one_process(tmp_path):
     one = _run_recipe(tmp_path / "one", 1)
     two = _run_recipe(tmp_path / "two", 2)
     for name in ("feddro", "ds_feddro"):
-        a = torch.load(tmp_path / "one" / f"feddro-{name}-seed0.ckpt", weights_only=False)
-        b = torch.load(tmp_path / "two" / f"feddro-{name}-seed0.ckpt", weights_only=False)
+        a = final_checkpoint(the_run(tmp_path / "one", "feddro") / f"{name}-seed0")
+        b = final_checkpoint(the_run(tmp_path / "two", "feddro") / f"{name}-seed0")
         sa, sb = a["loop"]["server"], b["loop"]["server"]
         for key, va in sa["x"].items():
             torch.testing.assert_close(sb["x"][key], va, rtol=1e-12, atol=1e-12)

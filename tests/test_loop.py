@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from lit_fedco.loop import sample_cohort
-from tests.helpers import flat_server, make_loop, run_recipe
+from tests.helpers import final_checkpoint, flat_server, make_loop, run_recipe, the_run
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -105,7 +105,7 @@ def test_comfedl_lifts_the_weight_of_the_worst_client():
 def _run_recipe(out: Path, devices: int) -> dict:
     args = [
         "updaters=[comfedl,fedavg]", "rounds=3", "eval_every=3", "cohort=6", "local_steps=3",
-        "dtype=float64", "save_checkpoint=true", "data.big=200", "data.val_per_client=30",
+        "dtype=float64", "data.big=200", "data.val_per_client=30",
     ]  # fmt: skip
     return run_recipe("comfedl_dro", out, devices, *args)[0]
 
@@ -116,8 +116,8 @@ def test_two_processes_equal_one_process(tmp_path):
     one = _run_recipe(tmp_path / "one", 1)
     two = _run_recipe(tmp_path / "two", 2)
     for name in ("comfedl", "fedavg"):
-        a = torch.load(tmp_path / "one" / f"comfedl_dro-{name}-seed0.ckpt", weights_only=False)
-        b = torch.load(tmp_path / "two" / f"comfedl_dro-{name}-seed0.ckpt", weights_only=False)
+        a = final_checkpoint(the_run(tmp_path / "one", "comfedl_dro") / f"{name}-seed0")
+        b = final_checkpoint(the_run(tmp_path / "two", "comfedl_dro") / f"{name}-seed0")
         for key, va in a["loop"]["server"]["x"].items():
             torch.testing.assert_close(b["loop"]["server"]["x"][key], va, rtol=1e-12, atol=1e-12)
         ra, rb = one["results"][name][0], two["results"][name][0]

@@ -246,11 +246,11 @@ def test_vectorized_equals_sequential_on_maml(name):
     """Second-order meta-gradients with batch-statistics BN under vmap over clients."""
     from lightning.fabric import Fabric
 
+    from lit_fedco.assemble import build_data, build_updater, loop_config
     from lit_fedco.config import load_config
     from lit_fedco.executors import make_executor
     from lit_fedco.loop import FederatedLoop
     from lit_fedco.recipes.fcsg_maml import DEFAULTS
-    from lit_fedco.runner import build_data, build_updater, loop_config
     from tests.helpers import flat_server
 
     cfg = load_config(

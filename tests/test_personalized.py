@@ -32,9 +32,11 @@ from tests.helpers import (
     LastLoops,
     assert_executors_agree,
     digits_data,
+    final_checkpoint,
     flat_server,
     make_loop,
     run_recipe,
+    the_run,
 )
 from tests.test_dro import numerical_max_over_simplex
 from tests.test_maml import SmoothBN, TanhMLP, flat_fd
@@ -406,7 +408,7 @@ def test_bad_problem_parameters_name_the_key():
 def _run_recipe(out: Path, devices: int, *extra: str) -> dict:
     args = [
         "rounds=2", "eval_every=2", "local_steps=2", "batch_size=6", "model.name=mlp",
-        "model.hidden=8", "dtype=float64", "save_checkpoint=true", "data.val_per_client=20",
+        "model.hidden=8", "dtype=float64", "data.val_per_client=20",
         *extra,
     ]  # fmt: skip
     return run_recipe("comfedl_maml", out, devices, *args)[0]
@@ -421,8 +423,8 @@ def test_two_processes_equal_one_process(tmp_path):
     one = _run_recipe(tmp_path / "one", 1, sel)
     two = _run_recipe(tmp_path / "two", 2, sel)
     for name in names:
-        a = torch.load(tmp_path / "one" / f"comfedl_maml-{name}-seed0.ckpt", weights_only=False)
-        b = torch.load(tmp_path / "two" / f"comfedl_maml-{name}-seed0.ckpt", weights_only=False)
+        a = final_checkpoint(the_run(tmp_path / "one", "comfedl_maml") / f"{name}-seed0")
+        b = final_checkpoint(the_run(tmp_path / "two", "comfedl_maml") / f"{name}-seed0")
         fa, fb = (np.concatenate([t.reshape(-1).numpy() for t in _leaves(c)]) for c in (a, b))
         np.testing.assert_allclose(fb, fa, rtol=1e-12, atol=1e-12)
         ra, rb = one["results"][name][0], two["results"][name][0]
@@ -454,8 +456,9 @@ def test_cifar10_preset_runs_on_a_cifar_format_folder(tmp_path, capsys):
     """``preset=comfedl_maml_cifar10``: torchvision's CIFAR10 reads the folder, the dominant-class
     split gives client i a share ρ of class i, MAML's conv4 trains and is evaluated after
     adaptation (shrunk: one round, 8 filters)."""
+    from lit_fedco.assemble import build_data
     from lit_fedco.config import load_config
-    from lit_fedco.runner import build_data, main
+    from lit_fedco.runner import main
     from tests.test_cifar_st import write_cifar
 
     write_cifar(tmp_path / "data", "cifar10", per_class_train=30, per_class_test=10, c=10)

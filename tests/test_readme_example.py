@@ -30,7 +30,8 @@ def test_readme_fedprox_example_runs(tmp_path):
     proc = subprocess.run(args, capture_output=True, text=True, cwd=tmp_path, env=env, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "fedprox" in proc.stdout and "fedavg" in proc.stdout
-    results = json.loads((tmp_path / "out" / "fedprox_demo-results.json").read_text())
+    (run_dir,) = (tmp_path / "out" / "fedprox_demo").iterdir()
+    results = json.loads((run_dir / "results.json").read_text())
     assert results["config"]["fedprox"]["mu"] == 0.5
     # μ > 0 pulls every client towards x̄, so FedProx's model differs from FedAvg's
     a, b = results["results"]["fedprox"][0], results["results"]["fedavg"][0]

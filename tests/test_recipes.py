@@ -15,11 +15,12 @@ import pytest
 import torch
 import yaml
 
+from lit_fedco.assemble import DTYPES, build_data
 from lit_fedco.config import load_config
 from lit_fedco.models import build_model
 from lit_fedco.recipes.comfedl_dro import DEFAULTS
-from lit_fedco.runner import DTYPES, build_data
 from lit_fedco.tracking import read_wandb_offline_run
+from tests.helpers import final_checkpoint, the_run
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -43,7 +44,8 @@ def test_recipe_writes_a_wandb_offline_run_and_csv(tmp_path):
     args = ["updater=comfedl", "rounds=4", "eval_every=2", f"out_dir={out}", "data.big=200"]
     proc = run_offline(tmp_path, "comfedl_dro", *args)
     assert "100%" in proc.stderr  # the progress bar ran to the end
-    runs = list((out / "wandb").glob("offline-run-*"))
+    run_dir = the_run(out, "comfedl_dro")
+    runs = list((run_dir / "wandb").glob("offline-run-*"))
     assert len(runs) == 1
     run = read_wandb_offline_run(runs[0])
     assert run["config"]["rounds"] == 4 and run["config"]["client_dro"]["form"] == "stable"
@@ -62,15 +64,14 @@ def test_recipe_writes_a_wandb_offline_run_and_csv(tmp_path):
     assert [h["trainer/global_step"] for h in evals] == [2, 4]
     per_class = [evals[-1][f"val/acc_class{c}"] for c in range(10)]  # every class is logged
     assert min(per_class) == pytest.approx(evals[-1]["val/class_acc_worst"])
-    results = json.loads((out / "comfedl_dro-results.json").read_text())
+    results = json.loads((run_dir / "results.json").read_text())
     assert evals[-1]["val/acc_worst"] == results["results"]["comfedl"][0]["val/acc_worst"]
-    # CSV: one row per round, the resolved config beside it
-    (csv_dir,) = list((out / "comfedl_dro-comfedl-seed0").glob("version_*"))
-    rows = list(csv.DictReader((csv_dir / "metrics.csv").open()))
-    assert len(rows) == 4
+    # CSV: one row per round, the resolved config in the run folder
+    rows = list(csv.DictReader((run_dir / "comfedl-seed0" / "metrics.csv").open()))
+    assert [int(r["round"]) for r in rows] == [1, 2, 3, 4]
     assert float(rows[-1]["val/acc_worst"]) == pytest.approx(evals[-1]["val/acc_worst"])
-    hp = yaml.safe_load((csv_dir / "hparams.yaml").read_text())
-    assert hp["describe"]["updater"] == "comfedl" and hp["data"]["big"] == 200
+    hp = yaml.safe_load((run_dir / "config.yaml").read_text())
+    assert hp["updaters"] == ["comfedl"] and hp["data"]["big"] == 200
 
 
 def test_comfedl_dro_compares_drfl_and_qfedavg_by_default(tmp_path):
@@ -79,18 +80,19 @@ def test_comfedl_dro_compares_drfl_and_qfedavg_by_default(tmp_path):
     out = tmp_path / "out"
     args = [
         "rounds=3", "eval_every=3", "tracking=[csv]", "progress=false", f"out_dir={out}",
-        "data.big=200", "save_checkpoint=true",
+        "data.big=200",
     ]  # fmt: skip
     proc = run_offline(tmp_path, "comfedl_dro", *args)
-    table = proc.stdout.split("final validation accuracy")[1].splitlines()
+    table = proc.stdout.split("final metrics per method")[1].splitlines()
     assert [line.split()[0] for line in table[3:7]] == ["comfedl", "drfl", "qfedavg", "fedavg"]
-    results = json.loads((out / "comfedl_dro-results.json").read_text())["results"]
+    run_dir = the_run(out, "comfedl_dro")
+    results = json.loads((run_dir / "results.json").read_text())["results"]
     cfg = load_config(args, DEFAULTS)
     data = build_data(cfg, 0).to("cpu", DTYPES[cfg.dtype])
     model = build_model(cfg.model.name, tuple(data.x_train.shape[1:]), data.num_classes, 0)
     for name in ("drfl", "qfedavg"):
         # every client's validation accuracy under the saved final model, from its predictions
-        ckpt = torch.load(out / f"comfedl_dro-{name}-seed0.ckpt", weights_only=False)
+        ckpt = final_checkpoint(run_dir / f"{name}-seed0")
         with torch.no_grad():
             pred = torch.func.functional_call(model, ckpt["loop"]["server"]["x"], (data.x_val,))
         hit = (pred.argmax(1) == data.y_val).double()
@@ -100,16 +102,14 @@ def test_comfedl_dro_compares_drfl_and_qfedavg_by_default(tmp_path):
         res = results[name][0]
         assert res["val/acc_avg"] == pytest.approx(sum(acc) / 10, abs=1e-12), name
         assert res["val/acc_worst"] == pytest.approx(min(acc), abs=1e-12), name
-    (csv_dir,) = list((out / "comfedl_dro-drfl-seed0").glob("version_*"))
-    last = list(csv.DictReader((csv_dir / "metrics.csv").open()))[-1]
+    last = list(csv.DictReader((run_dir / "drfl-seed0" / "metrics.csv").open()))[-1]
     lam = [float(last[f"dro/weight_client{k}"]) for k in range(10)]
     assert min(lam) >= 0 and sum(lam) == pytest.approx(1.0, abs=1e-6)
     assert max(lam) > 0.1 + 1e-4  # three ascent steps moved λ off uniform
     # the logged weights are the server's λ at the end of the run
-    ckpt = torch.load(out / "comfedl_dro-drfl-seed0.ckpt", weights_only=False)
+    ckpt = final_checkpoint(run_dir / "drfl-seed0")
     assert lam == pytest.approx(ckpt["loop"]["server"]["lam"].tolist(), rel=1e-12, abs=0)
-    hp = yaml.safe_load((csv_dir / "hparams.yaml").read_text())
-    assert hp["describe"]["updater"] == "drfl" and hp["describe"]["hparams"]["lam_lr"] == 0.08
+    assert ckpt["updater"] == "drfl" and ckpt["config"]["hparams"]["lam_lr"] == 0.08
 
 
 def test_comfedl_maml_logs_to_wandb_offline_and_csv_with_the_damaml_weights(tmp_path):
@@ -120,8 +120,9 @@ def test_comfedl_maml_logs_to_wandb_offline_and_csv_with_the_damaml_weights(tmp_
     ]  # fmt: skip
     proc = run_offline(tmp_path, "comfedl_maml", *args)
     assert "comfedl_damaml" in proc.stdout and "val worst acc" in proc.stdout
-    (run_dir,) = list((out / "wandb").glob("offline-run-*"))
-    run = read_wandb_offline_run(run_dir)
+    run_dir = the_run(out, "comfedl_maml")
+    (wandb_dir,) = list((run_dir / "wandb").glob("offline-run-*"))
+    run = read_wandb_offline_run(wandb_dir)
     assert run["config"]["objective"] == "pfl" and run["config"]["pfl"]["gamma"] == 0.5
     assert run["config"]["describe"]["objective"]["objective"] == "DAMAML"
     assert run["config"]["pfl"]["inner_lr"] == 0.05
@@ -133,9 +134,8 @@ def test_comfedl_maml_logs_to_wandb_offline_and_csv_with_the_damaml_weights(tmp_
     spread = 0.5 * (math.log(max(weights)) - sum(map(math.log, weights)) / 10)
     assert last["train/loss_worst"] - last["train/loss_avg"] > 1e-3  # the weights differ
     assert spread == pytest.approx(last["train/loss_worst"] - last["train/loss_avg"], abs=1e-5)
-    results = json.loads((out / "comfedl_maml-results.json").read_text())["results"]
+    results = json.loads((run_dir / "results.json").read_text())["results"]
     assert last["val/acc_worst"] == results["comfedl_damaml"][0]["val/acc_worst"]
-    (csv_dir,) = list((out / "comfedl_maml-comfedl_damaml-seed0").glob("version_*"))
-    rows = list(csv.DictReader((csv_dir / "metrics.csv").open()))
+    rows = list(csv.DictReader((run_dir / "comfedl_damaml-seed0" / "metrics.csv").open()))
     assert len(rows) == 2
     assert float(rows[-1]["dro/weight_client0"]) == pytest.approx(weights[0])

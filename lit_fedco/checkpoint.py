@@ -1,0 +1,163 @@
+"""Checkpoints that survive crashes: atomic, checksummed, self-describing.
+
+A checkpoint file is ``MAGIC`` (one line), the SHA-256 of the payload (64 hex digits and a
+newline), then the payload: ``torch.save`` of a dict of tensors and plain values (loaded back
+with ``weights_only=True``). It holds everything to continue a run — the round, the server
+state, the state clients keep, the communication count — and what it belongs to: the recipe
+and run, the updater and its hyperparameters, the resolved config, a fingerprint of the data
+partition and of the model, and the library version.
+
+Writing is atomic on any filesystem: a temporary file in the destination folder, ``fsync``,
+``os.replace``, ``fsync`` of the folder. A crash, a full disk or ``kill -9`` at any moment
+leaves either the old file or the new one, and no temporary file behind (a failed write
+removes its own; one left by ``kill -9`` starts with ``.`` and is ignored and swept).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from lit_fedco.errors import ConfigError
+
+MAGIC = b"lit_fedco checkpoint v1\n"
+SUFFIX = ".ckpt"
+
+
+class CheckpointError(ConfigError):
+    """A checkpoint that cannot be used: unreadable, corrupted, or of another run."""
+
+
+# ---------------------------------------------------------------------- fingerprints
+def fingerprint(tensors: list[Tensor]) -> str:
+    """SHA-256 over the shapes, dtypes and bytes of ``tensors`` (first 16 hex digits)."""
+    h = hashlib.sha256()
+    for t in tensors:
+        t = t.detach().cpu().contiguous()
+        h.update(f"{tuple(t.shape)}{t.dtype};".encode())
+        h.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+    return h.hexdigest()[:16]
+
+
+def model_signature(params: dict[str, Tensor]) -> list[str]:
+    """The model's parameters as ``name:shape`` strings (what a checkpoint must match)."""
+    return [f"{k}:{tuple(v.shape)}" for k, v in params.items()]
+
+
+# ---------------------------------------------------------------------- writing
+def atomic_write(path: Path, payload: bytes) -> None:
+    """Write ``payload`` to ``path`` atomically (temporary file in the same folder, fsync,
+    ``os.replace``, fsync of the folder). On any error the temporary file is removed and the
+    previous ``path``, if any, is untouched; the error propagates."""
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    try:
+        with open(tmp, "wb") as f:
+            f.write(payload)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    fd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def encode(content: dict[str, Any]) -> bytes:
+    """The file bytes of a checkpoint holding ``content``."""
+    buf = io.BytesIO()
+    torch.save(content, buf)
+    payload = buf.getvalue()
+    return MAGIC + hashlib.sha256(payload).hexdigest().encode() + b"\n" + payload
+
+
+def save(path: Path, content: dict[str, Any]) -> None:
+    """Write a checkpoint atomically (:func:`atomic_write`)."""
+    atomic_write(path, encode(content))
+
+
+# ---------------------------------------------------------------------- reading
+def load(path: Path) -> dict[str, Any]:
+    """Read and verify a checkpoint.
+
+    Raises:
+        CheckpointError: a missing or unreadable file, one that is not a lit_fedco checkpoint,
+            one cut short or altered (its checksum fails), or one that does not unpickle.
+    """
+    key = "resume"
+    try:
+        data = Path(path).read_bytes()
+    except OSError as err:
+        raise CheckpointError(
+            f"{key}: cannot read {path} ({err.strerror or err}); give an existing checkpoint "
+            "file or resume=auto",
+            key=key,
+        ) from None
+    head = len(MAGIC) + 65
+    if not data.startswith(MAGIC) or len(data) < head or data[head - 1 : head] != b"\n":
+        raise CheckpointError(
+            f"{key}: {path} is not a lit_fedco checkpoint (or is truncated before its header); "
+            "give a .ckpt file written by a lit_fedco run",
+            key=key,
+        )
+    digest, payload = data[len(MAGIC) : head - 1].decode(errors="replace"), data[head:]
+    if hashlib.sha256(payload).hexdigest() != digest:
+        raise CheckpointError(
+            f"{key}: {path} fails its checksum (truncated or corrupted, {len(payload)} bytes of "
+            "payload); resume from an earlier checkpoint of the run",
+            key=key,
+        )
+    try:
+        content = torch.load(io.BytesIO(payload), weights_only=True)
+    except Exception as err:  # a valid checksum over bytes that do not unpickle
+        raise CheckpointError(
+            f"{key}: {path} does not load ({type(err).__name__}); resume from an earlier "
+            "checkpoint",
+            key=key,
+        ) from None
+    if not isinstance(content, dict) or "loop" not in content:
+        raise CheckpointError(f"{key}: {path} holds no run state", key=key)
+    return content
+
+
+# ---------------------------------------------------------------------- a folder of them
+def name_of(round_idx: int) -> str:
+    """The file name of the checkpoint after round ``round_idx``."""
+    return f"round-{round_idx:07d}{SUFFIX}"
+
+
+def listing(folder: Path) -> list[Path]:
+    """The checkpoints in ``folder``, oldest first (by round)."""
+    if not folder.is_dir():
+        return []
+    return sorted(p for p in folder.glob(f"round-*{SUFFIX}") if p.is_file())
+
+
+def newest_valid(folder: Path) -> tuple[Path, dict[str, Any], list[str]] | None:
+    """The newest checkpoint of ``folder`` that loads and verifies, with the reasons the
+    newer ones were skipped; None when there is none."""
+    skipped: list[str] = []
+    for path in reversed(listing(folder)):
+        try:
+            return path, load(path), skipped
+        except CheckpointError as err:
+            skipped.append(str(err))
+    return None
+
+
+def prune(folder: Path, keep: int) -> None:
+    """Remove all but the newest ``keep`` checkpoints, and temporary files left by a kill."""
+    for path in listing(folder)[:-keep] if keep > 0 else []:
+        path.unlink(missing_ok=True)
+    for tmp in folder.glob(f".round-*{SUFFIX}.tmp*"):
+        if not tmp.name.endswith(f".tmp{os.getpid()}"):
+            tmp.unlink(missing_ok=True)
