@@ -23,7 +23,7 @@ from __future__ import annotations
 import csv
 import io
 import json
-import os
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -51,10 +51,12 @@ def check_writable(out_dir: Path) -> None:
         raise ConfigError.bad_value(
             "out_dir", str(out_dir), f"a folder, but {probe} is a file", "runs"
         )
-    if not os.access(probe, os.W_OK | os.X_OK):
+    try:  # a real probe: permissions, read-only filesystems and a full disk all show here
+        tempfile.TemporaryDirectory(dir=probe, prefix=".lit_fedco-probe-").cleanup()
+    except OSError as err:
         raise ConfigError.bad_value(
-            "out_dir", str(out_dir), f"a writable folder ({probe} is not writable)", "runs"
-        )
+            "out_dir", str(out_dir), f"a writable folder ({probe}: {err.strerror or err})", "runs"
+        ) from None
 
 
 def new_run_dir(out_dir: Path, recipe: str, run_name: str) -> Path:

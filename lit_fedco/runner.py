@@ -286,8 +286,14 @@ def _run(
         title = f"{recipe}: final metrics per method (validation, mean over clients)"
         print(f"\n{title}\n{table}")
         results = {"config": OmegaConf.to_container(cfg, resolve=True), "results": rows}
-        write_json(run_dir / "results.json", results)
-        write_text(run_dir / "table.txt", f"{title}\n{table}\n")
+        try:
+            write_json(run_dir / "results.json", results)
+            write_text(run_dir / "table.txt", f"{title}\n{table}\n")
+        except OSError as err:  # atomic writes: no earlier file is damaged
+            why = err.strerror or err
+            print(f"lit_fedco: cannot write the results to {run_dir} ({why}); the table is "
+                  "above and the checkpoints hold the run", file=sys.stderr)  # fmt: skip
+            raise SystemExit(1) from None
         print(f"\n{contents(run_dir)}")
     return table_rows
 

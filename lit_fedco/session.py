@@ -235,12 +235,17 @@ def run_sub(
     def save() -> Path | None:
         if not rank0 or not finite(loop):  # a diverged state never replaces a good one
             return None
-        folder_ck.mkdir(exist_ok=True)
         path = folder_ck / ckpt.name_of(loop.round)
-        ckpt.save(path, content(loop, identity))
-        ckpt.prune(folder_ck, cfg.checkpoint_keep)
-        if history is not None:
-            history.write_csv()
+        try:
+            folder_ck.mkdir(exist_ok=True)
+            ckpt.save(path, content(loop, identity))
+            ckpt.prune(folder_ck, cfg.checkpoint_keep)
+            if history is not None:
+                history.write_csv()
+        except OSError as err:  # a full disk: the previous checkpoint stays whole; train on
+            print(f"lit_fedco: cannot write {path} ({err.strerror or err}); the previous "
+                  "checkpoint is kept and the run goes on", file=sys.stderr)  # fmt: skip
+            return None
         return path
 
     bar = tqdm(total=cfg.rounds, initial=loop.round, desc=name, dynamic_ncols=True,
