@@ -26,6 +26,7 @@ from lit_fedco.config import load_config, problem_name, problem_params, updater_
 from lit_fedco.data import FederatedData, format_partition_stats, make_federated
 from lit_fedco.errors import ConfigError
 from lit_fedco.executors import make_executor
+from lit_fedco.failures import Failures
 from lit_fedco.loop import FederatedLoop, LoopConfig
 from lit_fedco.models import build_model
 from lit_fedco.problems import Classification, Problem, ProblemParams, get_problem
@@ -87,6 +88,7 @@ def loop_config(cfg: DictConfig, seed: int) -> LoopConfig:
         eval_every=cfg.eval_every,
         seed=seed,
         progress=cfg.progress,
+        failures=Failures(drop=cfg.failures.drop, partial=cfg.failures.partial),
     )
 
 
