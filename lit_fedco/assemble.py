@@ -16,6 +16,7 @@ from lit_fedco.config import problem_name, problem_params, updater_hparams
 from lit_fedco.data import FederatedData, make_federated
 from lit_fedco.errors import ConfigError
 from lit_fedco.executors import make_executor
+from lit_fedco.failures import Failures
 from lit_fedco.loop import LoopConfig
 from lit_fedco.models import build_model
 from lit_fedco.problems import Classification, Problem, ProblemParams, get_problem
@@ -61,6 +62,7 @@ def loop_config(cfg: DictConfig, seed: int) -> LoopConfig:
         eval_every=cfg.eval_every,
         seed=seed,
         progress=cfg.progress,
+        failures=Failures(drop=cfg.failures.drop, partial=cfg.failures.partial),
     )
 
 
@@ -111,7 +113,16 @@ def relevant_config(cfg: DictConfig, name: str, seed: int) -> dict[str, Any]:
     """What decides the numbers of updater ``name`` with ``seed`` (the rest of the config only
     says what else runs beside it): a checkpoint must match it to be resumed."""
     pname = problem_name(cfg, name)
-    keep = ("local_steps", "cohort", "batch_size", "dtype", "data", "model", "objective")
+    keep = (
+        "local_steps",
+        "cohort",
+        "batch_size",
+        "dtype",
+        "data",
+        "model",
+        "objective",
+        "failures",
+    )
     resolved = OmegaConf.to_container(cfg, resolve=True)
     assert isinstance(resolved, dict)
     out: dict[str, Any] = {k: resolved[k] for k in keep}

@@ -20,6 +20,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigKeyError, OmegaConfBaseException, ValidationError
 
 from lit_fedco.errors import ConfigError
+from lit_fedco.failures import Failures
 from lit_fedco.problems import ProblemParams, available_problems, get_problem
 from lit_fedco.updaters.base import Hparams, available_updaters, get_updater
 
@@ -131,6 +132,9 @@ class RunConfig:
         variants: run everything once per entry, each a space-separated list of
             ``key=value`` overrides applied after the command line (e.g.
             ``"invariant_logreg.m=100"``); empty: one run of the config as it is.
+        failures: simulated client failures (:class:`~lit_fedco.failures.Failures`):
+            ``failures.drop=p`` (a sampled client drops out before uploading) and
+            ``failures.partial=p`` (a client completes only some of its local steps).
     """
 
     updaters: list[str] = field(default_factory=lambda: ["fedavg"])
@@ -161,6 +165,7 @@ class RunConfig:
     variants: list[str] = field(default_factory=list)
     data: DataConfig = field(default_factory=DataConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
+    failures: Failures = field(default_factory=Failures)
 
 
 def schema() -> DictConfig:

@@ -101,7 +101,7 @@ class FederatedLoop:
         self.fabric.call("on_round_start", loop=self, cohort=cohort)
         res = federated_round(
             upd, self.server, info, mine, lambda t: self._batches(idx, t, roles, gens),
-            self.comm, self.executor, self.store,
+            self.comm, self.executor, self.store, cfg.failures,
         )  # fmt: skip
         self.server = res.server
         self.comm_total += res.traffic.up + res.traffic.down

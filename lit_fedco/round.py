@@ -16,6 +16,14 @@ collective) in runs, :class:`LocalComm` (one process) in examples and tests. Eve
 sums; a mean over the cohort is that sum divided by m, so 1 and N processes agree up to the
 order of summation. Traffic is counted per client from what each one actually sends and
 receives (:class:`Traffic`).
+
+Client failures (:class:`~lit_fedco.failures.Failures`): a client completes t_k of the I local
+steps (0: it dropped out). A mean is then the sum over the clients still running (a per-step
+sync at step t: those with t < t_k; the upload: those with t_k ≥ 1) divided by how many they
+are, that count summed in the same collective as the sum — so a round without failures divides
+by m exactly as before. A stopped client's state stops changing; a dropped client uploads
+nothing and its kept entries are not written back; a round in which every client drops leaves
+the server state as it was (``server_update`` is not called).
 """
 
 from __future__ import annotations
@@ -29,6 +37,7 @@ import torch
 from torch import Tensor
 
 from lit_fedco.executors import Executor, SequentialExecutor
+from lit_fedco.failures import Failures
 from lit_fedco.protocol import RoundContext, RoundInfo, Sync
 from lit_fedco.state import State, broadcast, flatten, numel, tree_leaves, tree_map, unflatten
 
@@ -109,15 +118,35 @@ class ClientStore:
         """The kept entries of ``clients``, stacked ``[n, ...]``."""
         return {key: tree_map(lambda v: v[clients.to(v.device)], t) for key, t in self.rows.items()}
 
-    def write_back(self, states: State, positions: Tensor, cohort: Tensor, comm: Comm) -> None:
+    def write_back(
+        self,
+        states: State,
+        positions: Tensor,
+        cohort: Tensor,
+        comm: Comm,
+        finished: Tensor | None = None,
+    ) -> None:
         """Store this round's kept entries of the whole cohort: every process contributes its
-        own clients' rows (at ``positions`` of the cohort) to one collective of m rows."""
+        own clients' rows (at ``positions`` of the cohort) to one collective of m rows.
+
+        ``finished`` (``[n]`` bool, this process's clients): only those rows are stored (a
+        client that dropped out keeps its previous state); the flags travel in the same
+        collective. None: every row."""
         if not self.rows:
             return
-        new = comm.cohort_rows({key: states[key] for key in self.rows}, positions, len(cohort))
+        rows = {key: states[key] for key in self.rows}
+        idx = cohort
+        if finished is None:
+            new = comm.cohort_rows(rows, positions, len(cohort))
+        else:
+            flags = finished.to(comm.dtype)
+            got = comm.cohort_rows({"rows": rows, "finished": flags}, positions, len(cohort))
+            keep = got["finished"] > 0.5
+            idx = cohort.to(keep.device)[keep]
+            new = tree_map(lambda v: v[keep], got["rows"])
         self.rows = {
             key: tree_map(
-                lambda store, v: store.index_copy(0, cohort.to(store.device), v.to(store.dtype)),
+                lambda store, v: store.index_copy(0, idx.to(store.device), v.to(store.dtype)),
                 self.rows[key],
                 new[key],
             )
@@ -139,10 +168,15 @@ def make_store(updater: CompositionalUpdater, server: State, num_clients: int) -
 # ---------------------------------------------------------------------- the round
 @dataclass
 class Traffic:
-    """Floats one client sends (``up``) and receives (``down``) in a round."""
+    """Floats one client sends (``up``) and receives (``down``) in a round.
 
-    up: int = 0
-    down: int = 0
+    With failures, the average over the cohort's m clients of what each one actually sent and
+    received: a client that stopped sends and receives nothing more (no per-step syncs after
+    it stopped, no upload after a drop-out), so the count is fractional. Times m it is the
+    round's total."""
+
+    up: float = 0
+    down: float = 0
 
 
 @dataclass
@@ -152,7 +186,11 @@ class RoundResult:
     Attributes:
         server: the new server state.
         logs: the cohort means of the clients' step logs, averaged over the local steps, under
-            ``train/<name>``; and what the round context logs, under ``dro/``.
+            ``train/<name>`` (with failures: the mean over the client-steps that ran; absent
+            when none ran); what the round context logs, under ``dro/``; and, when clients can
+            fail, ``failures/dropped`` (clients that dropped out), ``failures/partial``
+            (clients that stopped before step I) and ``failures/steps_completed_mean`` (the
+            cohort's mean of completed steps, a dropped client counting 0).
         traffic: floats communicated per client in this round.
         context: the round context (for callbacks and tests).
     """
@@ -172,6 +210,32 @@ def unique_numel(tree: Any) -> int:
     return sum(t.numel() for t in {id(t): t for t in tree_leaves(tree)}.values())
 
 
+def _rows(flags: Tensor | None, device: torch.device) -> Tensor | None:
+    """``flags`` (``[n]`` bool, on the CPU) as a row mask on ``device``; None when every row
+    is set (or there are no flags): the arithmetic of a round without failures."""
+    if flags is None or bool(flags.all()):
+        return None
+    return flags.to(device)
+
+
+def _where(mask: Tensor | None, new: Any, old: Any) -> Any:
+    """Rows of ``new`` where ``mask`` (``[n]`` bool), of ``old`` elsewhere; ``new`` when there is
+    no mask. Entries that ``old`` lacks come from ``new`` (a state entry the step creates)."""
+    if mask is None:
+        return new
+    if isinstance(new, dict):
+        return {k: _where(mask, v, old[k]) if k in old else v for k, v in new.items()}
+    return torch.where(mask.view(-1, *[1] * (new.dim() - 1)), new, old)
+
+
+def _sum_rows(v: Tensor, mask: Tensor | None) -> Tensor:
+    """The sum over the leading (client) dimension of the rows where ``mask``; of all rows
+    when there is no mask."""
+    if mask is None:
+        return v.sum(0)
+    return torch.where(mask.view(-1, *[1] * (v.dim() - 1)), v, 0).sum(0)
+
+
 def federated_round(
     updater: CompositionalUpdater,
     server: State,
@@ -181,6 +245,7 @@ def federated_round(
     comm: Comm,
     executor: Executor,
     store: ClientStore | None = None,
+    failures: Failures | None = None,
 ) -> RoundResult:
     """Run one round of ``updater`` for this process's share ``clients`` of ``info.cohort``.
 
@@ -195,15 +260,21 @@ def federated_round(
         executor: runs a per-client function over ``clients`` (vmapped or in a loop).
         store: the clients' kept (:attr:`Sync.KEEP`) entries, read at the start and written
             back at the end; needed only when the updater declares such entries.
+        failures: simulated client failures (:class:`~lit_fedco.failures.Failures`; the
+            module docstring says what a failed client does); None or probabilities 0: none.
 
     Returns:
         The new server state, the round's logs and the traffic per client.
     """
     upd, ex = updater, executor
-    n, m = len(clients), info.cohort_size
+    n, m, steps = len(clients), info.cohort_size, info.local_steps
     positions = torch.searchsorted(info.cohort, clients)  # this process's rows of the cohort
     sync = upd.client_state
     traffic = Traffic()
+    # t_k, the local steps each of this process's clients completes (0: it dropped out), on the
+    # CPU; None: no failures, and the round's arithmetic is that of a round without them.
+    done = failures.steps(info, clients) if failures is not None else None
+    later_up = later_down = 0  # with failures: the cohort's floats after the probe, in total
 
     # BROADCAST: every cohort client starts from the server's state; kept entries come from
     # the client's own store instead.
@@ -213,8 +284,10 @@ def federated_round(
     states = broadcast(client0, n)
     if store is not None and store.rows:
         states = {**states, **store.read(clients)}
+    device = tree_leaves(states)[0].device
 
     # ROUND CONTEXT: from the cohort's probes at the broadcast point, when the method asks.
+    # A client that drops out does so after this point: its probe is part of the context.
     first = batches(0)
     probes = None
     if upd.probes:
@@ -228,34 +301,78 @@ def federated_round(
         states = {**states, **rows}
         traffic.down += sum(v[0].numel() for v in ctx.per_client.values())
 
-    # LOCAL STEPS
+    # LOCAL STEPS: client k runs step t while t < t_k; a stopped client's state stops changing.
     step_keys = [k for k, s in sync.items() if s is Sync.STEP]
     log_sum: dict[str, Tensor] = {}
     step_mean: State = {}
-    for t in range(info.local_steps):
-        states, logs = ex.map(partial(_step, upd, t), states, first if t == 0 else batches(t),
-                              ctx.broadcast, n)  # fmt: skip
+    for t in range(steps):
+        running = None if done is None else _rows(done > t, device)  # None: all of them
+        new, logs = ex.map(partial(_step, upd, t), states, first if t == 0 else batches(t),
+                           ctx.broadcast, n)  # fmt: skip
+        states = _where(running, new, states)
         for key, v in logs.items():
-            log_sum[key] = log_sum.get(key, 0.0) + v.detach().sum()
-        if step_keys:  # per-step communication: the cohort mean of the declared entries
-            part = {key: tree_map(lambda v: v.sum(0), states[key]) for key in step_keys}
+            log_sum[key] = log_sum.get(key, 0.0) + _sum_rows(v.detach(), running)
+        if not step_keys:
+            continue
+        # per-step communication: the mean of the declared entries over the running clients
+        part = {key: tree_map(lambda v: _sum_rows(v, running), states[key]) for key in step_keys}
+        if done is None:
             step_mean = tree_map(lambda v: v / m, comm.sum_tree(part))
             states = {**states, **broadcast(step_mean, n)}
             traffic.up += numel(step_mean)
             traffic.down += numel(step_mean)
+            continue
+        here = torch.tensor(float((done > t).sum()), dtype=comm.dtype, device=device)
+        total = comm.sum_tree({"sum": part, "running": here})
+        count = round(float(total["running"]))
+        if count:  # else every client has stopped: the last step's mean stays
+            step_mean = tree_map(lambda v: v / count, total["sum"])
+            synced = _where(running, broadcast(step_mean, n), {k: states[k] for k in step_keys})
+            states = {**states, **synced}
+            later_up += count * numel(step_mean)
+            later_down += count * numel(step_mean)
 
-    # CLIENT-HELD STATE: this round's cohort rows go back to the store.
+    # CLIENT-HELD STATE: this round's cohort rows go back to the store (those that finished).
+    finished = None if done is None else _rows(done > 0, device)
     if store is not None:
-        store.write_back(states, positions, info.cohort, comm)
+        flags = None if done is None else (done > 0).to(device)
+        store.write_back(states, positions, info.cohort, comm, flags)
 
-    # AGGREGATION: one collective of [sum of uploads, sum of logs], then the server update.
+    # AGGREGATION: one collective of [sum of uploads, sum of logs (, counts)], then the server
+    # update.
     ups = ex.map(lambda s, b, c: upd.upload(s), states, None, ctx.broadcast, n)
-    payload = {"up": tree_map(lambda v: v.sum(0), ups), "logs": log_sum}
-    mean = tree_map(lambda v: v / m, comm.sum_tree(payload))
-    traffic.up += numel(mean["up"])
-    new_server = upd.server_update(server, {**step_mean, **mean["up"]}, ctx, info)
+    payload = {"up": tree_map(lambda v: _sum_rows(v, finished), ups), "logs": log_sum}
+    if done is None:
+        mean = tree_map(lambda v: v / m, comm.sum_tree(payload))
+        traffic.up += numel(mean["up"])
+        new_server = upd.server_update(server, {**step_mean, **mean["up"]}, ctx, info)
+        out = {f"train/{k}": float(v) / steps for k, v in mean["logs"].items()}
+    else:
+        counts = [
+            (done > 0).sum(),
+            done.sum(),
+            (done == 0).sum(),
+            ((done > 0) & (done < steps)).sum(),
+        ]
+        payload["counts"] = torch.stack(counts).to(device, comm.dtype)
+        total = comm.sum_tree(payload)
+        n_up, n_steps, n_dropped, n_partial = (round(float(c)) for c in total["counts"])
+        new_server = server  # every client dropped out: the server state stays
+        if n_up:
+            mean_up = tree_map(lambda v: v / n_up, total["up"])
+            new_server = upd.server_update(server, {**step_mean, **mean_up}, ctx, info)
+        later_up += n_up * numel(total["up"])
+        traffic.up += later_up / m
+        traffic.down += later_down / m
+        # step logs: the mean over the client-steps that ran (all ran: as without failures)
+        if n_steps == m * steps:
+            out = {f"train/{k}": float(v / m) / steps for k, v in total["logs"].items()}
+        else:
+            out = {f"train/{k}": float(v) / n_steps for k, v in total["logs"].items() if n_steps}
+        out["failures/dropped"] = float(n_dropped)
+        out["failures/partial"] = float(n_partial)
+        out["failures/steps_completed_mean"] = n_steps / m
 
-    out = {f"train/{k}": float(v) / info.local_steps for k, v in mean["logs"].items()}
     if "weights" in ctx.logged:
         w = ctx.logged["weights"]
         out["dro/cohort_weight_max"] = float(w.max())

@@ -3,9 +3,10 @@ evaluate (``ALGORITHMS.md``, "Notation")."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from lit_fedco.errors import ConfigError
+from lit_fedco.failures import Failures
 
 
 @dataclass(frozen=True)
@@ -21,6 +22,7 @@ class LoopConfig:
         seed: seeds the cohort and minibatch generators.
         eval_batch: rows per forward pass at evaluation.
         progress: show a progress bar (rank 0; drawn by the runner).
+        failures: simulated client failures (drop-outs, partial work); none by default.
     """
 
     rounds: int = 100
@@ -31,6 +33,7 @@ class LoopConfig:
     seed: int = 0
     eval_batch: int = 4096
     progress: bool = True
+    failures: Failures = field(default_factory=Failures)
 
     def validate(self, num_clients: int, world_size: int = 1) -> None:
         """Range checks against K clients and the number of processes."""

@@ -74,6 +74,12 @@ def client_generator(seed: int, client: int, round_idx: int) -> torch.Generator:
     return generator(seed, client, round_idx, 0xA06)
 
 
+def failure_generator(seed: int, client: int, round_idx: int) -> torch.Generator:
+    """Client ``client``'s failure draws in round ``round_idx`` (stream
+    (seed, client, round, 0xFA11); :class:`lit_fedco.failures.Failures`)."""
+    return generator(seed, client, round_idx, 0xFA11)
+
+
 def support_generator(seed: int, client: int) -> torch.Generator:
     """Client ``client``'s fixed evaluation support batch (stream (seed, client, 0x5099))."""
     return generator(seed, client, 0x5099)
