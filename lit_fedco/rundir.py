@@ -165,9 +165,14 @@ class History:
 
     def read(self) -> list[dict[str, Any]]:
         """The complete lines of ``metrics.jsonl``."""
+        return self.read_file(self.jsonl)
+
+    @staticmethod
+    def read_file(path: Path) -> list[dict[str, Any]]:
+        """The complete lines of a ``metrics.jsonl`` (none if it is missing)."""
         rows = []
-        if self.jsonl.exists():
-            for line in self.jsonl.read_text().splitlines():
+        if path.exists():
+            for line in path.read_text().splitlines():
                 try:
                     rows.append(json.loads(line))
                 except ValueError:

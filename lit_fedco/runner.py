@@ -34,6 +34,7 @@ from lit_fedco.config import load_config
 from lit_fedco.errors import ConfigError
 from lit_fedco.rundir import (
     RUN_DIR_ENV,
+    History,
     check_writable,
     contents,
     existing_run_dir,
@@ -43,6 +44,7 @@ from lit_fedco.rundir import (
     write_text,
 )
 from lit_fedco.session import Stopped, identity_of, run_sub, stop_on_signals, verify
+from lit_fedco.tracking import log_figures
 
 TABLE_COLUMNS = [
     ("val/acc_avg", "val avg acc"),
@@ -258,6 +260,7 @@ def _run(
         for note in plan.notes:
             print(f"lit_fedco: {note}", file=sys.stderr)
     rows: dict[str, list[dict[str, float]]] = {}
+    folders: dict[str, list[str]] = {}
     with stop_on_signals():
         try:
             for i, variant, vcfg, name, seed, folder in sub_runs(configs, seeds):
@@ -269,7 +272,9 @@ def _run(
                     announce = name == vcfg.updaters[0]  # once per data set
                     final, _ = run_sub(fabric, vcfg, name, seed, recipe, run_dir / folder,
                                        plan.resume.get(folder), announce)  # fmt: skip
-                rows.setdefault(f"{name} [{variant}]" if variant else name, []).append(final)
+                label = f"{name} [{variant}]" if variant else name
+                rows.setdefault(label, []).append(final)
+                folders.setdefault(label, []).append(folder)
                 del i
         except Stopped as stop:
             if rank0:
@@ -285,7 +290,13 @@ def _run(
         table = format_table(table_rows, columns)
         title = f"{recipe}: final metrics per method (validation, mean over clients)"
         print(f"\n{title}\n{table}")
-        results = {"config": OmegaConf.to_container(cfg, resolve=True), "results": rows}
+        results = {
+            "recipe": recipe,
+            "config": OmegaConf.to_container(cfg, resolve=True),
+            "columns": [list(c) for c in (columns or TABLE_COLUMNS)],
+            "results": rows,
+            **_recorded(run_dir, folders),
+        }
         try:
             write_json(run_dir / "results.json", results)
             write_text(run_dir / "table.txt", f"{title}\n{table}\n")
@@ -294,6 +305,7 @@ def _run(
             print(f"lit_fedco: cannot write the results to {run_dir} ({why}); the table is "
                   "above and the checkpoints hold the run", file=sys.stderr)  # fmt: skip
             raise SystemExit(1) from None
+        _figures(cfg, run_dir, recipe)
         print(f"\n{contents(run_dir)}")
     return table_rows
 
@@ -317,3 +329,32 @@ def _record_start(cfg: DictConfig, plan: Plan, run_dir: Path) -> None:
     if changed:
         print(f"lit_fedco: resuming {run_dir.name} with " + ", ".join(
             f"{k}: {a} -> {b}" for k, (a, b) in changed.items()))  # fmt: skip
+
+
+def _recorded(run_dir: Path, folders: dict[str, list[str]]) -> dict[str, Any]:
+    """Every evaluated round's metrics per method and seed (``history``), and every client's
+    final validation accuracy (``per_client``), read back from the sub-runs' records."""
+    history: dict[str, list[list[dict[str, float]]]] = {}
+    per_client: dict[str, list[list[float] | None]] = {}
+    for label, subs in folders.items():
+        for sub in subs:
+            rows = History.read_file(run_dir / sub / "metrics.jsonl")
+            history.setdefault(label, []).append([r for r in rows if "val/acc_avg" in r])
+            status = read_json(run_dir / sub / "status.json") or {}
+            per_client.setdefault(label, []).append(status.get("per_client"))
+    return {"history": history, "per_client": per_client}
+
+
+def _figures(cfg: DictConfig, run_dir: Path, recipe: str) -> None:
+    """The run's figures (``figures/``), and to W&B as images when it tracks there. Drawn from
+    the record after the run; a failure to draw is reported and does not fail the run."""
+    from lit_fedco.plot import draw_run
+
+    try:
+        done = draw_run(run_dir, recipe)
+    except Exception as err:  # matplotlib missing a font, a backend problem: the run is fine
+        print(f"lit_fedco: no figures ({type(err).__name__}: {err})", file=sys.stderr)
+        return
+    pngs = [p for p in done["files"] if p.suffix == ".png"]
+    if pngs:
+        log_figures(list(cfg.tracking), run_dir, f"{recipe}-figures", cfg.project, pngs)

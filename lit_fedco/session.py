@@ -296,5 +296,8 @@ def run_sub(
     final = {**final, "time_s": time.perf_counter() - start}
     if rank0:
         status.update(final=final)
+        per_client = loop.evaluate_clients.last_per_client
+        if per_client is not None:  # every client's final validation accuracy (figures)
+            status["per_client"] = [float(v) for v in per_client.tolist()]
         write_json(status_path, status)
     return final, loop

@@ -220,6 +220,28 @@ def _wandb_logger(
     )
 
 
+def log_figures(
+    tracking: list[str], run_dir: Path, name: str, project: str, pngs: list[Path]
+) -> None:
+    """Log a run's figures to W&B as images, in a run of their own (``<recipe>-figures``, the
+    recipe's group) beside the per-method runs; nothing without W&B tracking."""
+    names = check_tracking(tracking)
+    if "wandb" not in names or (mode := wandb_mode()) == "disabled":
+        return
+    import wandb
+
+    run = wandb.init(
+        dir=str(run_dir),
+        project=project,
+        name=name,
+        group=name.split("-")[0],
+        mode=mode,  # type: ignore[arg-type]
+        settings=wandb.Settings(quiet=True),
+    )
+    run.log({p.stem: wandb.Image(str(p)) for p in pngs})
+    run.finish()
+
+
 def finalize_loggers(loggers: list[Logger], status: str = "success") -> None:
     """Flush and close every logger: the CSV file is written, the W&B run ended (its offline
     files complete). ``status`` is ``"success"`` or e.g. ``"failed"``."""

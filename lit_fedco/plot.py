@@ -1,0 +1,275 @@
+"""Paper-style figures of finished runs, drawn from what the runs recorded (no W&B needed).
+
+``python -m lit_fedco.plot RUN_DIR [RUN_DIR ...] [--out DIR]`` re-draws one run, or overlays
+several (two variants, our run next to another seed set), and writes a Markdown summary table.
+Every recipe run calls :func:`draw_run` on its own folder when it ends, so its figures sit in
+``<run_dir>/figures/`` as PNG and PDF:
+
+- ``curves``: the recipe's headline metrics (its table's first columns: average and
+  worst-client validation accuracy, or worst-class accuracy, AP, test accuracy) against rounds,
+  the mean over seeds with a ±1 std band;
+- ``communication``: the same against floats communicated per client;
+- ``clients``: each method's final per-client validation accuracy, one point per client and seed;
+- ``weights``: the DRO client weights over rounds, for the methods that have them.
+
+One colour per method, the same in every figure; the papers' method names. This module reads
+JSON and imports matplotlib only, so it is quick and draws nothing while a run trains.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import sys
+from pathlib import Path
+from typing import Any
+
+NAMES = {
+    "comfedl": "ComFedL", "comfedl_maml": "ComFedL-MAML", "comfedl_damaml": "ComFedL-DAMAML",
+    "fedavg": "FedAvg", "drfl": "DRFL", "qfedavg": "q-FedAvg", "fedmaml": "FedMAML (Per-FedAvg)",
+    "tr_maml": "TR-MAML", "ditto": "Ditto", "feddro": "FedDRO", "ds_feddro": "DS-FedDRO",
+    "fedavg_co": "FedAvg-CO", "mbsgd": "MBSGD", "fcsg": "FCSG", "fcsg_m": "FCSG-M",
+    "acc_fcsg_m": "Acc-FCSG-M", "local_scgd": "Local-SCGD", "local_scgdm": "Local-SCGDM",
+    "coda_plus": "CODA+", "fastdro": "FastDRO", "pdsgd": "PDSGD", "gcivr": "GCIVR",
+}  # fmt: skip
+"""The papers' names of the registered updaters (others are shown as registered)."""
+COMM = "comm/total_floats_per_client"
+LABELS = {
+    "val/acc_avg": "average client accuracy (validation)",
+    "val/acc_worst": "worst-client accuracy (validation)",
+    "val/class_acc_worst": "worst-class accuracy (validation)",
+    "val/ap": "average precision (test)",
+}
+"""Axis labels of the headline metrics (others: the table's column label)."""
+DEFAULT_COLUMNS = [["val/acc_avg", "val avg acc"], ["val/acc_worst", "val worst acc"]]
+
+
+def display(method: str) -> str:
+    """``"fcsg_m [x=1]"`` → ``"FCSG-M [x=1]"``: the paper's name, the variant kept."""
+    base, _, rest = method.partition(" ")
+    return f"{NAMES.get(base, base)} {rest}".strip()
+
+
+# ---------------------------------------------------------------------- reading runs
+def load_run(run_dir: Path) -> dict[str, Any]:
+    """A finished run's record: ``results.json`` (final metrics, table columns, evaluated
+    history per method and seed, final per-client accuracies) and its name."""
+    path = Path(run_dir) / "results.json"
+    try:
+        rec = json.loads(path.read_text())
+    except (OSError, ValueError) as err:
+        raise SystemExit(
+            f"lit_fedco.plot: {path} is not a finished run's results ({err})"
+        ) from None
+    rec["name"] = Path(run_dir).name
+    rec.setdefault("columns", DEFAULT_COLUMNS)
+    rec.setdefault("history", {})
+    rec.setdefault("per_client", {})
+    return rec
+
+
+def headline(columns: list[list[str]]) -> list[tuple[str, str]]:
+    """The metrics the figures draw: the table's first two non-communication, non-time
+    columns."""
+    keys = [(k, label) for k, label in columns if not k.startswith("comm/") and k != "time_s"]
+    return keys[:2]
+
+
+def series(runs: list[dict[str, Any]]) -> dict[str, list[list[dict[str, float]]]]:
+    """Evaluated rows per method (``method`` or ``method (run)`` when overlaying), per seed."""
+    out: dict[str, list[list[dict[str, float]]]] = {}
+    for rec in runs:
+        for method, seeds in rec["history"].items():
+            label = method if len(runs) == 1 else f"{method} ({rec['name']})"
+            out[label] = seeds
+    return out
+
+
+def mean_std(seeds: list[list[dict[str, float]]], x: str, y: str) -> tuple[list, list, list]:
+    """x, mean and std over seeds of metric ``y`` at the evaluated rounds all seeds share (x is
+    the first seed's value of ``x`` there)."""
+    common = set.intersection(*[{int(r["round"]) for r in s if y in r} for s in seeds])
+    rounds = sorted(common)
+    by_seed = [{int(r["round"]): r for r in s} for s in seeds]
+    xs = [by_seed[0][r][x] if x != "round" else r for r in rounds]
+    ys = [[b[r][y] for b in by_seed] for r in rounds]
+    mean = [statistics.fmean(v) for v in ys]
+    std = [statistics.stdev(v) if len(v) > 1 else 0.0 for v in ys]
+    return xs, mean, std
+
+
+# ---------------------------------------------------------------------- drawing
+def colours(methods: list[str]) -> dict[str, Any]:
+    """One colour per method, by order of appearance (tab10, then tab20)."""
+    import matplotlib
+
+    cmap = matplotlib.colormaps["tab10" if len(methods) <= 10 else "tab20"]
+    return {m: cmap(i % cmap.N) for i, m in enumerate(methods)}
+
+
+def _figure(ncols: int, width: float = 5.0):  # type: ignore[no-untyped-def]
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, ncols, figsize=(width * ncols, 3.8), squeeze=False)
+    return fig, list(axes[0])
+
+
+def _save(fig: Any, out: Path, name: str) -> list[Path]:
+    import matplotlib.pyplot as plt
+
+    fig.tight_layout()
+    paths = [out / f"{name}.png", out / f"{name}.pdf"]
+    fig.savefig(paths[0], dpi=150)
+    fig.savefig(paths[1])
+    plt.close(fig)
+    return paths
+
+
+def draw(runs: list[dict[str, Any]], out: Path, title: str = "") -> dict[str, Any]:
+    """Draw the figures of ``runs`` into ``out``; returns the files and what each plotted.
+
+    Returns:
+        ``{"files": [...], "plotted": {figure: {method: {"x": [...], "y": [...]}}}}`` — the
+        series exactly as drawn (the mean over seeds), for tests and tables.
+    """
+    out.mkdir(parents=True, exist_ok=True)
+    data = series(runs)
+    methods = list(data)
+    colour = colours(methods)
+    metrics = headline(runs[0]["columns"])
+    files: list[Path] = []
+    plotted: dict[str, dict[str, dict[str, list[float]]]] = {}
+    for name, x, xlabel in (
+        ("curves", "round", "communication round"),
+        ("communication", COMM, "floats communicated per client"),
+    ):
+        fig, axes = _figure(len(metrics))
+        for ax, (key, label) in zip(axes, metrics, strict=True):
+            for m in methods:
+                seeds = [s for s in data[m] if s and any(key in r for r in s)]
+                if not seeds or (x != "round" and not all(x in r for s in seeds for r in s)):
+                    continue
+                xs, mean, std = mean_std(seeds, x, key)
+                ax.plot(xs, mean, color=colour[m], label=display(m), lw=1.6)
+                lo = [a - b for a, b in zip(mean, std, strict=True)]
+                hi = [a + b for a, b in zip(mean, std, strict=True)]
+                ax.fill_between(xs, lo, hi, color=colour[m], alpha=0.18, lw=0)
+                plotted.setdefault(f"{name}:{key}", {})[m] = {"x": xs, "y": mean}
+            ax.set_xlabel(xlabel)
+            ax.set_ylabel(LABELS.get(key, label))
+            ax.grid(alpha=0.3)
+            if x == COMM:
+                ax.ticklabel_format(axis="x", style="sci", scilimits=(0, 0))
+        axes[-1].legend(fontsize=8, loc="best")
+        if title:
+            fig.suptitle(f"{title}  (mean ± std over seeds)", fontsize=10)
+        files += _save(fig, out, name)
+    files += _clients(runs, methods, colour, out, title, plotted)
+    files += _weights(data, methods, colour, out, title, plotted)
+    return {"files": files, "plotted": plotted}
+
+
+def _clients(runs, methods, colour, out, title, plotted) -> list[Path]:  # type: ignore[no-untyped-def]
+    per = {}
+    for rec in runs:
+        for method, seeds in rec["per_client"].items():
+            label = method if len(runs) == 1 else f"{method} ({rec['name']})"
+            per[label] = [a for s in seeds for a in (s or []) if not math.isnan(a)]
+    per = {m: v for m, v in per.items() if v}
+    if not per:
+        return []
+    fig, (ax,) = _figure(1, width=max(5.0, 1.1 * len(per)))
+    for i, m in enumerate(methods):
+        if m not in per:
+            continue
+        v = per[m]
+        jitter = [i + 0.25 * ((j * 0.618) % 1 - 0.5) for j in range(len(v))]
+        ax.scatter(jitter, v, s=12, color=colour[m], alpha=0.75)
+        ax.hlines(statistics.fmean(v), i - 0.3, i + 0.3, color=colour[m], lw=2)
+        plotted.setdefault("clients", {})[m] = {"x": [float(i)] * len(v), "y": v}
+    ax.set_xticks(range(len(methods)), [display(m) for m in methods], rotation=25, ha="right")
+    ax.set_ylabel("final validation accuracy per client")
+    ax.grid(alpha=0.3, axis="y")
+    if title:
+        ax.set_title(f"{title}: every client and seed (bar: mean)", fontsize=10)
+    return _save(fig, out, "clients")
+
+
+def _weights(data, methods, colour, out, title, plotted) -> list[Path]:  # type: ignore[no-untyped-def]
+    have = [m for m in methods if any("dro/weight_client0" in r for s in data[m] for r in s)]
+    if not have:
+        return []
+    fig, axes = _figure(len(have))
+    for ax, m in zip(axes, have, strict=True):
+        rows = [r for r in data[m][0] if "dro/weight_client0" in r]
+        k = sum(1 for key in rows[0] if key.startswith("dro/weight_client"))
+        for c in range(k):
+            ys = [r[f"dro/weight_client{c}"] for r in rows]
+            ax.plot([r["round"] for r in rows], ys, lw=1.2, alpha=0.85, label=f"client {c}")
+            plotted.setdefault(f"weights:{m}", {})[f"client{c}"] = {
+                "x": [r["round"] for r in rows], "y": ys,
+            }  # fmt: skip
+        ax.axhline(1 / k, color="grey", ls="--", lw=1, label="uniform 1/K")
+        ax.set_title(f"{display(m)}: client weights (seed 0)", fontsize=10, color=colour[m])
+        ax.set_xlabel("communication round")
+        ax.set_ylabel("client weight λ_k")
+        ax.grid(alpha=0.3)
+        if k <= 12:
+            ax.legend(fontsize=6, ncol=2, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    return _save(fig, out, "weights")
+
+
+# ---------------------------------------------------------------------- summary
+def summary(runs: list[dict[str, Any]]) -> str:
+    """A Markdown table: final metrics per method, mean ± std over seeds."""
+    cols = [c for c in runs[0]["columns"] if c[0] != "time_s"]
+    head = "| method | " + " | ".join(label for _, label in cols) + " | seeds |"
+    lines = [head, "|" + "---|" * (len(cols) + 2)]
+    for rec in runs:
+        for method, finals in rec["results"].items():
+            label = display(method) + ("" if len(runs) == 1 else f" ({rec['name']})")
+            cells = []
+            for key, _ in cols:
+                v = [f[key] for f in finals if key in f]
+                if not v:
+                    cells.append("-")
+                elif key.startswith("comm/"):
+                    cells.append(f"{statistics.fmean(v):,.0f}")
+                elif len(v) > 1:
+                    cells.append(f"{statistics.fmean(v):.4f} ± {statistics.stdev(v):.4f}")
+                else:
+                    cells.append(f"{v[0]:.4f}")
+            lines.append(f"| {label} | " + " | ".join(cells) + f" | {len(finals)} |")
+    return "\n".join(lines) + "\n"
+
+
+def draw_run(run_dir: Path, title: str = "") -> dict[str, Any]:
+    """The figures of one finished run, into ``<run_dir>/figures/``."""
+    rec = load_run(run_dir)
+    return draw([rec], Path(run_dir) / "figures", title or rec.get("recipe", ""))
+
+
+def main(argv: list[str] | None = None) -> None:
+    """``python -m lit_fedco.plot RUN_DIR [RUN_DIR ...] [--out DIR]``."""
+    ap = argparse.ArgumentParser(
+        prog="python -m lit_fedco.plot", description=__doc__.split("\n\n")[0]
+    )
+    ap.add_argument("runs", nargs="+", type=Path, help="run folders (<out_dir>/<recipe>/<run>)")
+    ap.add_argument("--out", type=Path, help="where to write (default: the run's figures/, or "
+                    "./figures-overlay for several runs)")  # fmt: skip
+    ap.add_argument("--title", default="", help="figure title (default: the recipe)")
+    args = ap.parse_args(argv)
+    runs = [load_run(r) for r in args.runs]
+    out = args.out or (args.runs[0] / "figures" if len(runs) == 1 else Path("figures-overlay"))
+    done = draw(runs, out, args.title or runs[0].get("recipe", ""))
+    (out / "summary.md").write_text(summary(runs))
+    print("\n".join(str(p) for p in [*done["files"], out / "summary.md"]))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
