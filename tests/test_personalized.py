@@ -25,7 +25,8 @@ from lit_fedco.objectives.maml import maml_loss
 from lit_fedco.objectives.personalized import DAMAML, MetaLearning
 from lit_fedco.problems import PFLParams, PFLProblem
 from lit_fedco.protocol import RoundInfo
-from lit_fedco.round import make_store, run_rounds
+from lit_fedco.round import make_store
+from lit_fedco.simulate import run_rounds
 from lit_fedco.state import index, stack
 from lit_fedco.updaters import get_updater, project_simplex
 from tests.helpers import (

@@ -9,7 +9,7 @@ from torch import nn
 
 from lit_fedco.errors import ConfigError
 from lit_fedco.objectives import Objective
-from lit_fedco.round import run_rounds
+from lit_fedco.simulate import run_rounds
 from lit_fedco.state import stack
 from lit_fedco.updaters import QFedAvg, QFedAvgHparams
 from tests.helpers import assert_executors_agree, flat_server, make_loop

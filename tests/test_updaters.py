@@ -9,7 +9,7 @@ import torch
 from torch import nn
 from torch.func import grad
 
-from lit_fedco import round as round_
+from lit_fedco import simulate
 from lit_fedco.objectives import Objective
 from lit_fedco.objectives.dro import ClientKLDRO, kl_dro_value
 from lit_fedco.state import stack
@@ -49,7 +49,7 @@ CLIENTS = [
 def run_rounds(upd, rounds: int, local_steps: int) -> float:
     """Full participation through the round the loop runs (lit_fedco.round)."""
     batches = {"inner": stack(CLIENTS)}
-    return float(round_.run_rounds(upd, batches, rounds, local_steps)[-1]["x"]["w"])
+    return float(simulate.run_rounds(upd, batches, rounds, local_steps)[-1]["x"]["w"])
 
 
 def dro_minimiser(gamma: float) -> float:
