@@ -128,7 +128,11 @@ def test_momentum_hparams_are_range_checked():
 
 
 # ---------------------------------------------------------------------- through the loop
-def invariant_loop(name: str, hparams: dict, executor: str, **loop_kw: Any) -> FederatedLoop:
+def invariant_loop(
+    name: str, hparams: dict, executor: str, fabric: Fabric | None = None, **loop_kw: Any
+) -> FederatedLoop:
+    """The invariant logistic regression (conditional samples η | ξ) on 6 clients; a fresh
+    1-process CPU Fabric unless ``fabric`` is given."""
     spec = SimpleNamespace(
         num_clients=6, dim=5, sigma1=1.0, train_per_client=50, val_per_client=40, seed=0
     )
@@ -139,7 +143,7 @@ def invariant_loop(name: str, hparams: dict, executor: str, **loop_kw: Any) -> F
     upd = cls(cls.hparams_cls(**hparams), model, problem.objective_for(cls.compositions, model))
     cfg = dict(rounds=3, local_steps=4, cohort=4, batch_size=3, eval_every=1, progress=False)
     cfg.update(loop_kw)
-    fabric = Fabric(accelerator="cpu", devices=1)
+    fabric = fabric or Fabric(accelerator="cpu", devices=1)
     return FederatedLoop(
         fabric, upd, data, LoopConfig(**cfg), make_executor(executor), torch.float64, problem
     )

@@ -315,8 +315,15 @@ def test_ditto_personal_models_reach_their_closed_form():
 
 
 # ---------------------------------------------------------------------- evaluation
-def pfl_loop(name: str, hparams: dict, executor: str = "sequential", **kw) -> FederatedLoop:
-    """A loop on the dominant-class digits with the ``pfl`` problem's objective."""
+def pfl_loop(
+    name: str,
+    hparams: dict,
+    executor: str = "sequential",
+    fabric: Fabric | None = None,
+    **kw,
+) -> FederatedLoop:
+    """A loop on the dominant-class digits with the ``pfl`` problem's objective; a fresh
+    1-process CPU Fabric unless ``fabric`` is given."""
     data = digits_data(num_clients=5, partition="dominant_class", rho=0.5, val_per_client=20)
     net = build_model("mlp", tuple(data.x_train.shape[1:]), 10, seed=0, hidden=8)
     params = PFLParams(inner_lr=0.2, eval_support=12)
@@ -324,7 +331,7 @@ def pfl_loop(name: str, hparams: dict, executor: str = "sequential", **kw) -> Fe
     upd = cls(cls.hparams_cls(**hparams), net, problem.objective_for(cls.compositions, net))
     cfg = dict(rounds=2, local_steps=2, cohort=5, batch_size=6, eval_every=1, progress=False)
     cfg.update(kw)
-    fabric = Fabric(accelerator="cpu", devices=1)
+    fabric = fabric or Fabric(accelerator="cpu", devices=1)
     return FederatedLoop(
         fabric, upd, data, LoopConfig(**cfg), make_executor(executor), torch.float64, problem
     )

@@ -31,7 +31,13 @@ from tests.test_fcsg import invariant_loop
 from tests.test_personalized import pfl_loop
 
 
-def auprc_loop(name: str, hparams: dict, **kw) -> FederatedLoop:
+def auprc_loop(
+    name: str,
+    hparams: dict,
+    executor: str = "vectorized",
+    fabric: Fabric | None = None,
+    **kw,
+) -> FederatedLoop:
     """Binarised digits with the AP problem's objectives (CODA+'s min-max AUC loss)."""
     spec = SimpleNamespace(
         name="digits", data_dir="", partition="iid", num_clients=4, big=0, small=0,
@@ -45,21 +51,23 @@ def auprc_loop(name: str, hparams: dict, **kw) -> FederatedLoop:
     upd = cls(cls.hparams_cls(**hparams), net, problem.objective_for(cls.compositions, net))
     cfg = dict(rounds=3, local_steps=2, cohort=3, batch_size=6, eval_every=1, progress=False)
     cfg.update(kw)
-    fabric = Fabric(accelerator="cpu", devices=1)
-    return FederatedLoop(fabric, upd, data, LoopConfig(**cfg), make_executor("vectorized"),
+    fabric = fabric or Fabric(accelerator="cpu", devices=1)
+    return FederatedLoop(fabric, upd, data, LoopConfig(**cfg), make_executor(executor),
                          torch.float64, problem)  # fmt: skip
 
 
-def plain(name: str, hparams: dict, **kw) -> FederatedLoop:
-    return make_loop(name, hparams, **kw)
+# Every builder: ``build(name, hparams, executor="vectorized", fabric=None, **loop_kw)``, a
+# float64 loop of 3 rounds on a fresh 1-process CPU Fabric unless one is passed in.
+def plain(name: str, hparams: dict, executor: str = "vectorized", **kw) -> FederatedLoop:
+    return make_loop(name, hparams, executor=executor, **kw)
 
 
-def pfl(name: str, hparams: dict, **kw) -> FederatedLoop:
-    return pfl_loop(name, hparams, executor="vectorized", **kw)
+def pfl(name: str, hparams: dict, executor: str = "vectorized", **kw) -> FederatedLoop:
+    return pfl_loop(name, hparams, executor=executor, **{"rounds": 3, **kw})
 
 
-def conditional(name: str, hparams: dict, **kw) -> FederatedLoop:
-    return invariant_loop(name, hparams, "vectorized", **kw)
+def conditional(name: str, hparams: dict, executor: str = "vectorized", **kw) -> FederatedLoop:
+    return invariant_loop(name, hparams, executor, **kw)
 
 
 TINY: dict[str, tuple[Callable[..., FederatedLoop], dict]] = {
