@@ -1,31 +1,35 @@
 """One harness over the whole registry: every registered updater, from a table of tiny
-configurations, through the same checks.
+configurations (``TINY``), through the same checks.
 
 - A state-dict round trip continues bit for bit: 2 rounds, save, load into a fresh loop, 2 more
   rounds equal 4 rounds straight (server state and client-held state, exactly).
-
-Vectorized = sequential and 1 = 2 processes are held per family (``assert_executors_agree`` and
-the recipes' 2-process tests); the table here makes sure no registered updater is left out.
-"""
+- Vectorized = sequential: 3 rounds under both executors, float64; states to 1e-10, logs to
+  rel 1e-9.
+- Counted traffic = the declared payload: every round's logged floats per client, up and
+  down, equal what the updater's declarations and its state say it sends (exactly)."""
 
 from __future__ import annotations
 
+import functools
 import io
 from collections.abc import Callable
 from types import SimpleNamespace
+from typing import Any, NamedTuple
 
 import numpy as np
 import pytest
 import torch
 from lightning.fabric import Fabric
 
+import lit_fedco.loop
 from lit_fedco.data import make_federated
 from lit_fedco.executors import make_executor
 from lit_fedco.loop import FederatedLoop, LoopConfig
 from lit_fedco.models import build_model
 from lit_fedco.problems import AUPRCParams, AUPRCProblem
-from lit_fedco.state import flatten
-from lit_fedco.updaters import available_updaters, get_updater
+from lit_fedco.protocol import Sync
+from lit_fedco.state import flatten, tree_leaves
+from lit_fedco.updaters import CompositionalUpdater, available_updaters, get_updater
 from tests.helpers import make_loop
 from tests.test_fcsg import invariant_loop
 from tests.test_personalized import pfl_loop
@@ -119,3 +123,154 @@ def test_state_dict_round_trip_continues_bit_for_bit(name):
     assert not np.array_equal(_snapshot(first), _snapshot(straight))  # the runs moved on
     np.testing.assert_array_equal(_snapshot(resumed), _snapshot(straight))
     assert resumed.comm_total == straight.comm_total
+
+
+# ---------------------------------------------------------------------- traffic
+def _floats(tree: Any, distinct: bool = False) -> int:
+    """Floats in the tensors of ``tree``; with ``distinct``, a tensor under two keys once."""
+    leaves = tree_leaves(tree)
+    if distinct:
+        leaves = list({id(t): t for t in leaves}.values())
+    return sum(t.numel() for t in leaves)
+
+
+class RoundRecorder:
+    """Records, for every round a loop runs, the server state it starts from, its
+    :class:`RoundInfo`, its :class:`RoundContext` and (sequential executor: one client at a
+    time, real tensors) the probe value and the state of the last client after its last local
+    step. Installed by wrapping the updater's methods and ``lit_fedco.loop.federated_round``;
+    nothing of the round itself is re-implemented."""
+
+    def __init__(self, loop: FederatedLoop, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.rounds: list[dict[str, Any]] = []
+        upd = loop.updater
+        step, probe, real_round = upd.client_step, upd.probe, lit_fedco.loop.federated_round
+
+        def client_step(state, batches, ctx, t):  # type: ignore[no-untyped-def]
+            new, logs = step(state, batches, ctx, t)
+            self.rounds[-1]["state"] = new
+            return new, logs
+
+        def probe_(state, batches, ctx):  # type: ignore[no-untyped-def]
+            out = probe(state, batches, ctx)
+            self.rounds[-1]["probe"] = out
+            return out
+
+        def federated_round(updater, server, info, *args):  # type: ignore[no-untyped-def]
+            self.rounds.append({"server": server, "info": info})
+            res = real_round(updater, server, info, *args)
+            self.rounds[-1]["context"] = res.context
+            return res
+
+        monkeypatch.setattr(upd, "client_step", client_step)
+        monkeypatch.setattr(upd, "probe", probe_)
+        monkeypatch.setattr(lit_fedco.loop, "federated_round", federated_round)
+
+
+def declared_traffic(upd: CompositionalUpdater, rec: dict[str, Any]) -> tuple[int, int]:
+    """Floats one client sends and receives in a round, from the updater's declarations and its
+    state (the protocol of ``README.md``, "How a round runs")::
+
+        down = distinct floats of init_client(server, info) except the KEEP entries
+             + floats of ctx.broadcast + one row of each ctx.per_client entry
+             + I × floats of the STEP entries (each step's cohort mean)
+        up   = floats of the probe (if the updater probes) + I × floats of the STEP entries
+             + floats of upload(state after the round)
+    """
+    sync, info, ctx, state = upd.client_state, rec["info"], rec["context"], rec["state"]
+    steps = info.local_steps
+    step_floats = _floats([state[k] for k, s in sync.items() if s is Sync.STEP])
+    start = upd.init_client(rec["server"], info)
+    down = _floats([v for k, v in start.items() if sync.get(k) is not Sync.KEEP], distinct=True)
+    down += _floats(ctx.broadcast) + sum(v[0].numel() for v in ctx.per_client.values())
+    down += steps * step_floats
+    up = _floats(rec["probe"]) if upd.probes else 0
+    up += steps * step_floats + _floats(upd.upload(state))
+    return up, down
+
+
+class TinyRun(NamedTuple):
+    """A finished run of a table entry and, for the sequential executor, its recorded rounds."""
+
+    loop: FederatedLoop
+    rec: RoundRecorder | None
+
+
+@functools.cache
+def _tiny_run(name: str, executor: str) -> TinyRun:
+    """Entry ``name`` of the table run for 3 rounds (evaluated after the last) under
+    ``executor``, once per session: the executor test and the traffic test share the runs. A
+    sequential run is recorded (:class:`RoundRecorder`; under vmap the recorded states would be
+    batched tensors)."""
+    build, hp = TINY[name]
+    loop = build(name, hp, executor=executor, rounds=3, eval_every=3)
+    if executor != "sequential":
+        loop.run()
+        return TinyRun(loop, None)
+    with pytest.MonkeyPatch.context() as mp:
+        rec = RoundRecorder(loop, mp)
+        loop.run()
+    return TinyRun(loop, rec)
+
+
+# ---------------------------------------------------------------------- executors
+@pytest.mark.parametrize("name", sorted(TINY))
+def test_vectorized_equals_sequential(name):
+    """The same 3 rounds under both executors (float64): server state and client-held state
+    (``store.rows``) to rtol = atol = 1e-10, the last round's logs (with its evaluation) to
+    rel 1e-9, abs 1e-12.
+
+    Both executors call the same per-client function; they differ only in how kernels reduce
+    (a vmapped matmul or sum may add in another order than one client's), i.e. in rounding:
+    1e-16 relative per operation in float64, a few hundred operations per round. Measured: the
+    digits entries agree bit for bit, the conditional ones (FCSG family, CODA+) to 2e-16
+    absolute; 1e-10 leaves six orders of margin and still fails on any real difference (a
+    client mixed up, a step missed). No entry needs a wider tolerance. The logs are means and
+    maxima of such numbers and are compared relatively (rel 1e-9), accuracies as well.
+    """
+    vec, seq = _tiny_run(name, "vectorized").loop, _tiny_run(name, "sequential").loop
+    vlogs, slogs = vec.history[-1], seq.history[-1]
+    assert any(k.startswith("val/") for k in vlogs)  # the last round was evaluated
+    vec, seq = _snapshot(vec), _snapshot(seq)
+    np.testing.assert_allclose(vec, seq, rtol=1e-10, atol=1e-10)
+    assert sorted(vlogs) == sorted(slogs)
+    for key, v in vlogs.items():
+        assert v == pytest.approx(slogs[key], rel=1e-9, abs=1e-12), key
+
+
+# What the table must exercise: each way a declaration changes the traffic.
+TRAFFIC_FEATURES = {
+    "probe": ("comfedl", "feddro", "drfl", "mbsgd"),
+    "STEP entries": ("feddro",),
+    "per_client rows": ("drfl", "tr_maml"),
+    "KEEP entries": ("ditto", "acc_fcsg_m"),
+    "custom upload": ("qfedavg", "drfl", "fedavg_co"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(TINY))
+def test_counted_traffic_is_the_declared_payload(name):
+    """Every round's ``comm/up_floats_per_client`` and ``comm/down_floats_per_client`` equal
+    the payload computed here from the declarations (:func:`declared_traffic`), exactly."""
+    loop, rec = _tiny_run(name, "sequential")
+    upd = loop.updater
+    assert len(rec.rounds) == len(loop.history) == 3
+    for r, (seen, logs) in enumerate(zip(rec.rounds, loop.history, strict=True)):
+        up, down = declared_traffic(upd, seen)
+        assert (logs["comm/up_floats_per_client"], logs["comm/down_floats_per_client"]) == (
+            up,
+            down,
+        ), (name, r)
+    # the features this entry is listed under are really there
+    ctx, state = rec.rounds[-1]["context"], rec.rounds[-1]["state"]
+    has = {
+        "probe": upd.probes,
+        "STEP entries": Sync.STEP in upd.client_state.values(),
+        "per_client rows": bool(ctx.per_client),
+        "KEEP entries": bool(loop.store.rows),
+        "custom upload": type(upd).upload is not CompositionalUpdater.upload,
+    }
+    for feature, names in TRAFFIC_FEATURES.items():
+        if name in names:
+            assert has[feature], (name, feature)
+    assert state  # the last client's state was recorded
