@@ -152,3 +152,19 @@ def run_recipe(recipe: str, out: Path, devices: int, *args: str) -> tuple[dict, 
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300, cwd=REPO)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads((the_run(out, recipe) / "results.json").read_text()), proc.stdout
+
+
+def run_module(module: str, *args: str, timeout: int = 300) -> subprocess.CompletedProcess:
+    """``python -m MODULE ARGS`` from the repository root in a subprocess, on a free
+    ``MASTER_PORT`` (Fabric starts any further processes itself: gloo on CPU), without
+    tracking; fails the test on a non-zero exit, with the end of its standard error."""
+    env = {
+        **os.environ,
+        "MASTER_PORT": str(free_port()),
+        "WANDB_MODE": "disabled",
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
+    }
+    cmd = [sys.executable, "-m", module, *args]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout, cwd=REPO)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc

@@ -6,7 +6,9 @@ configurations (``TINY``), through the same checks.
 - Vectorized = sequential: 3 rounds under both executors, float64; states to 1e-10, logs to
   rel 1e-9.
 - Counted traffic = the declared payload: every round's logged floats per client, up and
-  down, equal what the updater's declarations and its state say it sends (exactly)."""
+  down, equal what the updater's declarations and its state say it sends (exactly).
+- 1 process = 2 processes (slow): every entry in one subprocess on 1 CPU process and in one on
+  2 gloo processes (``tests/registry_two_process.py``); states to 1e-12."""
 
 from __future__ import annotations
 
@@ -30,7 +32,7 @@ from lit_fedco.problems import AUPRCParams, AUPRCProblem
 from lit_fedco.protocol import Sync
 from lit_fedco.state import flatten, tree_leaves
 from lit_fedco.updaters import CompositionalUpdater, available_updaters, get_updater
-from tests.helpers import make_loop
+from tests.helpers import make_loop, run_module
 from tests.test_fcsg import invariant_loop
 from tests.test_personalized import pfl_loop
 
@@ -274,3 +276,33 @@ def test_counted_traffic_is_the_declared_payload(name):
         if name in names:
             assert has[feature], (name, feature)
     assert state  # the last client's state was recorded
+
+
+# ---------------------------------------------------------------------- processes
+@pytest.mark.slow
+def test_two_processes_equal_one_process(tmp_path):
+    """Every entry of the table, 3 rounds, vectorized, float64, in one subprocess on 1 CPU
+    process and one on 2 (gloo; each process runs its half of the cohort, m >= 3 in every
+    entry): the server state and the client-held rows equal to rtol = atol = 1e-12 (the cohort
+    sums are reduced in another order), both processes hold bit-for-bit the same state, the
+    counted traffic and the accuracies of the last round's logs are equal exactly, and the
+    other logs (losses, weights) to rel 1e-12."""
+    results = {}
+    for devices in (1, 2):
+        out = tmp_path / f"devices{devices}.pt"
+        run_module("tests.registry_two_process", f"--devices={devices}", f"--out={out}")
+        results[devices] = torch.load(out, weights_only=False)
+        assert results[devices]["world_size"] == devices
+    rank1 = torch.load(tmp_path / "devices2.pt.rank1", weights_only=False)
+    one, two = results[1]["updaters"], results[2]["updaters"]
+    assert sorted(one) == sorted(two) == sorted(TINY)
+    for name in sorted(TINY):
+        a, b = one[name], two[name]
+        torch.testing.assert_close(b["state"], a["state"], rtol=1e-12, atol=1e-12, msg=name)
+        assert torch.equal(rank1["updaters"][name]["state"], b["state"]), name
+        assert sorted(a["logs"]) == sorted(b["logs"]), name
+        for key, v in a["logs"].items():
+            if key.startswith("comm/") or "acc" in key:
+                assert b["logs"][key] == v, (name, key)
+            else:
+                assert b["logs"][key] == pytest.approx(v, rel=1e-12, abs=1e-12), (name, key)

@@ -1,0 +1,67 @@
+"""Every updater of the registry's table (``tests/test_registry.py``, ``TINY``) on N CPU
+processes, for the 1 process = 2 processes check::
+
+    python -m tests.registry_two_process --devices N --out FILE
+
+One launched Fabric (``strategy="ddp"``, gloo, when N > 1) runs every entry in turn for
+:data:`ROUNDS` rounds with the vectorized executor in float64; rank 0 writes ``FILE`` (a
+``torch.save`` of ``{name: {"state": ..., "logs": ...}}``: the flattened server state followed
+by the flattened client-held rows, and the last round's logs with its evaluation). Every other
+rank writes its own ``FILE.rank<r>`` the same way, so that the caller can check that all
+processes hold the same state.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import torch
+from lightning.fabric import Fabric
+
+from lit_fedco.loop import FederatedLoop
+from lit_fedco.state import flatten
+
+ROUNDS = 3
+
+
+def snapshot(loop: FederatedLoop) -> torch.Tensor:
+    """The server state, then the client-held rows, as one float64 vector."""
+    server = flatten(loop.server)[0].double()
+    rows = flatten(loop.store.rows)[0].double()
+    return torch.cat([server, rows]).cpu()
+
+
+def run_all(fabric: Fabric, rounds: int = ROUNDS) -> dict[str, dict]:
+    """Every entry of ``TINY`` on ``fabric``: ``{name: {"state", "logs"}}``."""
+    from tests.test_registry import TINY  # the table; imported after the launch
+
+    out = {}
+    for name in sorted(TINY):
+        build, hparams = TINY[name]
+        loop = build(name, hparams, executor="vectorized", fabric=fabric, rounds=rounds,
+                     eval_every=rounds)  # fmt: skip
+        loop.run()
+        out[name] = {"state": snapshot(loop), "logs": dict(loop.history[-1])}
+    return out
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--devices", type=int, default=1)
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--rounds", type=int, default=ROUNDS)
+    args = parser.parse_args(argv)
+    torch.set_num_threads(1)  # N processes on few cores; results do not depend on it
+    strategy = "ddp" if args.devices > 1 else "auto"
+    fabric = Fabric(accelerator="cpu", devices=args.devices, strategy=strategy)
+    fabric.launch()
+    out = run_all(fabric, args.rounds)
+    rank = fabric.global_rank
+    path = args.out if rank == 0 else args.out.with_name(f"{args.out.name}.rank{rank}")
+    torch.save({"world_size": fabric.world_size, "updaters": out}, path)
+    fabric.barrier()
+
+
+if __name__ == "__main__":
+    main()
