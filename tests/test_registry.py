@@ -233,8 +233,7 @@ def test_vectorized_equals_sequential(name):
     vec, seq = _tiny_run(name, "vectorized").loop, _tiny_run(name, "sequential").loop
     vlogs, slogs = vec.history[-1], seq.history[-1]
     assert any(k.startswith("val/") for k in vlogs)  # the last round was evaluated
-    vec, seq = _snapshot(vec), _snapshot(seq)
-    np.testing.assert_allclose(vec, seq, rtol=1e-10, atol=1e-10)
+    np.testing.assert_allclose(_snapshot(vec), _snapshot(seq), rtol=1e-10, atol=1e-10)
     assert sorted(vlogs) == sorted(slogs)
     for key, v in vlogs.items():
         assert v == pytest.approx(slogs[key], rel=1e-9, abs=1e-12), key
@@ -255,6 +254,7 @@ def test_counted_traffic_is_the_declared_payload(name):
     """Every round's ``comm/up_floats_per_client`` and ``comm/down_floats_per_client`` equal
     the payload computed here from the declarations (:func:`declared_traffic`), exactly."""
     loop, rec = _tiny_run(name, "sequential")
+    assert rec is not None
     upd = loop.updater
     assert len(rec.rounds) == len(loop.history) == 3
     for r, (seen, logs) in enumerate(zip(rec.rounds, loop.history, strict=True)):
