@@ -286,13 +286,6 @@ class CopyServerState:
         loop.server = tree_clone(loop.server)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="lit_fedco.round counts the download by tensor identity (unique_numel keys on "
-    "id()); after a CODA+ stage ends, server_update sets anchor = mean x, a, b, the very "
-    "tensors of the new x and aux, so the next round counts 69 floats instead of 136, and a "
-    "copy of the same state counts 136",
-)
 def test_counted_download_depends_on_values_not_on_tensor_identity():
     """CODA+ (a stage of 2 rounds, 3 rounds) counts the same download per client whether or not
     the server state is copied between rounds: the values sent are the same. CODA+'s docstring:

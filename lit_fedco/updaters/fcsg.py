@@ -38,7 +38,15 @@ from torch.func import grad, grad_and_value
 from lit_fedco.objectives.base import Batch, Context, Objective, Params
 from lit_fedco.objectives.conditional import AUCMinMax, ConditionalObjective, plugin_gradient
 from lit_fedco.protocol import RoundContext, RoundInfo, Sync
-from lit_fedco.state import State, tree_axpy, tree_leaves, tree_map, tree_scale, tree_sub
+from lit_fedco.state import (
+    State,
+    tree_axpy,
+    tree_clone,
+    tree_leaves,
+    tree_map,
+    tree_scale,
+    tree_sub,
+)
 from lit_fedco.updaters.base import CompositionalUpdater, H, Hparams, register
 
 
@@ -342,6 +350,8 @@ class CODAPlus(CompositionalUpdater[CODAHparams]):
         hp = self.hparams
         new = {**server, **mean}
         if (info.round + 1) % hp.stage_rounds == 0:  # the stage's last round
-            new["anchor"] = {"x": mean["x"], "a": mean["aux"]["a"], "b": mean["aux"]["b"]}
+            # a copy: the anchor is its own server entry, broadcast beside x (and counted so)
+            anchor = {"x": mean["x"], "a": mean["aux"]["a"], "b": mean["aux"]["b"]}
+            new["anchor"] = tree_clone(anchor)
             new["scale"] = server["scale"] * hp.decay
         return new
