@@ -86,6 +86,8 @@ TINY: dict[str, tuple[Callable[..., FederatedLoop], dict]] = {
     "ds_feddro": (plain, {"lr": 0.05, "beta": 0.3, "gamma_x": 1.3, "gamma_y": 1.4}),
     "fedavg_co": (plain, {"lr": 0.05, "case": "II"}),
     "mbsgd": (plain, {"lr": 0.05}),
+    "fastdro": (plain, {"lr": 0.05, "estimator": "mlmc", "mlmc_levels": 2}),
+    "pdsgd": (plain, {"lr": 0.05, "lr_dual": 0.5, "beta": 1.0}),
     "comfedl_maml": (pfl, {"lr": 0.1}),
     "comfedl_damaml": (pfl, {"lr": 0.05}),
     "fedmaml": (pfl, {"lr": 0.1}),

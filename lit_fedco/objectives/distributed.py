@@ -42,6 +42,22 @@ factor ``exp(−c/λ)`` cancels. The shift is chosen once per round from the coh
 losses must stay within ``λ · log(max float)`` of it (88λ in float32, 709λ in float64): at
 λ = 0.01 that is ±0.88 in float32 — run small λ in float64.
 
+**Dual form** (f-divergence duality, Ben-Tal et al. 2013). Both values are a one-dimensional
+minimisation over a shift μ of a mean over samples::
+
+    V = min_μ Ψ(μ),   Ψ(μ) = μ + (1/M) Σ_i φ*(ℓ_i − μ),
+
+with φ* the (scaled) convex conjugate of the divergence's generator. KL: the maximiser of
+``Σ p_i ℓ_i − λ Σ p_i log(M p_i) − μ (Σ p_i − 1)`` over p ≥ 0 is ``p_i = exp((ℓ_i − μ)/λ − 1)/M``,
+and with the multiplier written ``μ − λ``, ``φ*(s) = λ (exp(s/λ) − 1)``: ``Ψ'(μ) = 0`` gives
+``μ* = λ log mean exp(ℓ/λ) = V`` (and ``mean φ*(ℓ − μ*) = 0``). χ² (without ``p ≥ 0``, as the
+closed form): stationarity in p gives ``p_i = 1/M + (ℓ_i − μ)/(λM)`` and
+``φ*(s) = s + s²/(2λ)``; ``μ* = ℓ̄`` and ``Ψ(μ*) = ℓ̄ + Var(ℓ)/(2λ)``. Ψ is linear in the
+per-sample terms, so its minibatch gradients in (x, μ) are unbiased — the form the primal-dual
+baseline (:mod:`lit_fedco.updaters.dro_baselines`) constrains. A batch's Ψ at any μ is a
+function of a few numbers (:meth:`DistributedObjective.dual_stats`): KL ``λ log mean exp(ℓ/λ)``,
+χ² ``(mean ℓ, mean ℓ²)``.
+
 ``f_c`` reads an estimate u at ``max(u, u_min)``, its projection onto the range of g
 (``g ≥ exp(−c/λ)`` for non-negative losses): λ log is Lipschitz only away from 0 (the paper's
 Assumption 3.2 needs it), and the hybrid estimator (eq. 8) or the server step γ_y > 1 can push
@@ -185,7 +201,12 @@ class DistributedObjective(Objective):
     def probe(self, params: Params, batches: dict[str, Batch], ctx: Context) -> Tensor | None:
         """The client's inner value at the broadcast point in a unit-free form, on the fresh
         value batch ζ' (``"value"``) of step 0."""
-        return self.inner(params, batches["value"], {})
+        return self.probe_of_losses(self.losses(params, batches["value"]))
+
+    def probe_of_losses(self, losses: Tensor) -> Tensor:
+        """``g_k`` of a batch with per-sample losses ``losses`` in the unit-free form the probe
+        sends (what :meth:`units` and :meth:`cohort_mean` read); ``g_of_losses`` by default."""
+        return self.g_of_losses(losses, {})
 
     def units(self, probes: Tensor) -> Context:
         """The round's units, from the cohort's probes ``[m, ...]``; none by default."""
@@ -201,6 +222,24 @@ class DistributedObjective(Objective):
 
     def round_context(self, probes: Tensor) -> RoundContext:
         return RoundContext(broadcast=self.units(probes))
+
+    # -- the dual form (module docstring) ----------------------------------------------------
+    def dual_penalty(self, s: Tensor) -> Tensor:
+        """``φ*(s)`` element-wise: the DRO value is ``min_μ μ + mean_i φ*(ℓ_i − μ)``."""
+        raise ConfigError(f"{type(self).__name__} has no dual form (KL and χ² have one)")
+
+    def dual_stats(self, losses: Tensor) -> Tensor:
+        """A batch's few numbers ``[s]`` from which :meth:`dual_value` gives its Ψ at any μ."""
+        raise ConfigError(f"{type(self).__name__} has no dual form (KL and χ² have one)")
+
+    def dual_value(self, stats: Tensor, mu: Tensor) -> Tensor:
+        """``Ψ(μ) = μ + mean φ*(ℓ − μ)`` over the union of m equal batches, from their
+        :meth:`dual_stats` ``[m, s]``."""
+        raise ConfigError(f"{type(self).__name__} has no dual form (KL and χ² have one)")
+
+    def dual_minimiser(self, stats: Tensor) -> Tensor:
+        """``argmin_μ Ψ(μ)`` over the union of m equal batches (their :meth:`dual_stats`)."""
+        raise ConfigError(f"{type(self).__name__} has no dual form (KL and χ² have one)")
 
     def describe(self) -> dict[str, Any]:
         return {"objective": type(self).__name__, "lam": self.lam}
@@ -257,10 +296,8 @@ class KLSampleDRO(DistributedObjective):
         """``λ / max(y, u_min)``: ∇f at the projection of y onto the range of g."""
         return self.lam / torch.maximum(y, self.inner_floor(y, ctx))
 
-    def probe(self, params: Params, batches: dict[str, Batch], ctx: Context) -> Tensor | None:
-        """``λ log g_k(x; B) = λ (logsumexp(ℓ/λ) − log b)`` on the value batch: no overflow
-        at any λ."""
-        losses = self.losses(params, batches["value"])
+    def probe_of_losses(self, losses: Tensor) -> Tensor:
+        """``λ log g_k(x; B) = λ (logsumexp(ℓ/λ) − log b)``: no overflow at any λ."""
         return self.lam * (torch.logsumexp(losses / self.lam, 0) - math.log(losses.shape[0]))
 
     def units(self, probes: Tensor) -> Context:
@@ -276,6 +313,23 @@ class KLSampleDRO(DistributedObjective):
         scaled = torch.exp(log_y + (old["shift"] - new["shift"]) / self.lam)
         return torch.where(y == 0, torch.zeros_like(y), torch.sign(y) * scaled)
 
+    def dual_penalty(self, s: Tensor) -> Tensor:
+        """``λ (exp(s/λ) − 1)``."""
+        return self.lam * torch.expm1(s / self.lam)
+
+    def dual_stats(self, losses: Tensor) -> Tensor:
+        """``[λ log mean exp(ℓ/λ)]``, the batch's KL-DRO value (its Ψ's minimiser)."""
+        return self.probe_of_losses(losses).reshape(1)
+
+    def dual_value(self, stats: Tensor, mu: Tensor) -> Tensor:
+        """``μ + λ (exp((V − μ)/λ) − 1)`` with V the union's value (log-mean-exp of the stats)."""
+        return mu + self.lam * torch.expm1((self.dual_minimiser(stats) - mu) / self.lam)
+
+    def dual_minimiser(self, stats: Tensor) -> Tensor:
+        """``λ log mean_k exp(V_k/λ)``: the union's KL-DRO value."""
+        v = stats[:, 0]
+        return self.lam * (torch.logsumexp(v / self.lam, 0) - math.log(v.shape[0]))
+
 
 class Chi2SampleDRO(DistributedObjective):
     """Sample-level χ²-DRO in closed form (module docstring): ``h = mean(ℓ + ℓ²/(2λ))``,
@@ -290,6 +344,23 @@ class Chi2SampleDRO(DistributedObjective):
 
     def df(self, y: Tensor, ctx: Context) -> Tensor:
         return -y / self.lam
+
+    def dual_penalty(self, s: Tensor) -> Tensor:
+        """``s + s²/(2λ)`` (no ``p ≥ 0``, like the closed form)."""
+        return s + s**2 / (2 * self.lam)
+
+    def dual_stats(self, losses: Tensor) -> Tensor:
+        """``[mean ℓ, mean ℓ²]``."""
+        return torch.stack([losses.mean(), (losses**2).mean()])
+
+    def dual_value(self, stats: Tensor, mu: Tensor) -> Tensor:
+        """``ℓ̄ + (mean ℓ² − 2 μ ℓ̄ + μ²)/(2λ)`` over the union."""
+        m1, m2 = stats[:, 0].mean(), stats[:, 1].mean()
+        return m1 + (m2 - 2 * mu * m1 + mu**2) / (2 * self.lam)
+
+    def dual_minimiser(self, stats: Tensor) -> Tensor:
+        """``ℓ̄``, the union's mean loss."""
+        return stats[:, 0].mean()
 
 
 def make_distributed_objective(

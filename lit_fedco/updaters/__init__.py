@@ -8,6 +8,7 @@ from lit_fedco.updaters.base import (
     register,
 )
 from lit_fedco.updaters.comfedl import ComFedL, ComFedLDAMAML, ComFedLMAML
+from lit_fedco.updaters.dro_baselines import PDSGD, FastDRO, FastDROHparams, PDSGDHparams
 from lit_fedco.updaters.fcsg import (
     FCSG,
     FCSGM,
@@ -40,6 +41,7 @@ __all__ = [
     "FCSG",
     "FCSGM",
     "MBSGD",
+    "PDSGD",
     "TRMAML",
     "AccFCSGM",
     "CODAHparams",
@@ -55,6 +57,8 @@ __all__ = [
     "DittoHparams",
     "FCSGHparams",
     "FCSGMHparams",
+    "FastDRO",
+    "FastDROHparams",
     "FedAvg",
     "FedAvgCO",
     "FedAvgCOHparams",
@@ -67,6 +71,7 @@ __all__ = [
     "LocalSCGDHparams",
     "LocalSCGDM",
     "MBSGDHparams",
+    "PDSGDHparams",
     "QFedAvg",
     "QFedAvgHparams",
     "available_updaters",
