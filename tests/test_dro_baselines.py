@@ -30,7 +30,7 @@ from lit_fedco.objectives.distributed import (
     make_distributed_objective,
 )
 from lit_fedco.protocol import RoundInfo
-from lit_fedco.round import run_rounds
+from lit_fedco.simulate import run_rounds
 from lit_fedco.state import tree_map
 from lit_fedco.updaters.dro_baselines import (
     PDSGD,
