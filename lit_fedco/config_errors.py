@@ -42,9 +42,9 @@ def _expected(msg: str) -> str:
     """What OmegaConf's validation message says was expected, in words."""
     if m := re.search(r"converted to (\w+)", msg):
         kind = m.group(1).lower()
-        return {"integer": "an int", "float": "a number", "string": "a string"}.get(kind, kind)
+        return "a value of type " + {"integer": "int", "string": "str"}.get(kind, kind)
     if "valid bool" in msg:
-        return "true or false"
+        return "a value of type bool (true or false)"
     if "ListConfig" in msg and "not a ListConfig" in msg:
         return "a list in brackets"
     if "Cannot convert" in msg:
