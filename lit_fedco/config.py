@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
+import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -314,6 +315,33 @@ def load_config(argv: list[str], defaults: dict[str, Any] | None = None) -> Dict
     if cfg.objective:
         get_problem(cfg.objective)
     return cfg  # type: ignore[return-value]
+
+
+def variant_configs(
+    argv: list[str], defaults: dict[str, Any] | None, cfg: DictConfig
+) -> list[tuple[str, DictConfig]]:
+    """``(variant, config)`` per entry of ``cfg.variants``, its overrides applied after
+    ``argv``; ``[("", cfg)]`` without variants.
+
+    Raises:
+        ConfigError: a variant that does not split into ``key=value`` items or holds a bad one
+            (the message says which variant).
+    """
+    out = []
+    for i, variant in enumerate(cfg.variants):
+        try:
+            extra = shlex.split(variant)
+        except ValueError as err:
+            raise ConfigError(
+                f"variants[{i}]: got {variant!r}, which does not split into key=value items "
+                f"({err}); close its quotes, e.g. variants=['rounds=50 seed=1']",
+                key="variants",
+            ) from None
+        try:
+            out.append((variant, load_config([*argv, *extra], defaults)))
+        except ConfigError as err:
+            raise err.within(f"variants[{i}] {variant!r}") from None
+    return out or [("", cfg)]
 
 
 def updater_hparams(cfg: DictConfig, name: str) -> Hparams:

@@ -28,7 +28,7 @@ def example(key: str, cfg: DictConfig) -> str:
         return f"{base}={EXAMPLES[base]}"
     value = OmegaConf.select(cfg, base, default=None, throw_on_resolution_failure=False)
     if isinstance(value, DictConfig) and len(value):
-        first = next(iter(value))
+        first = str(next(iter(value)))
         return example(f"{base}.{first}", cfg)
     if isinstance(value, ListConfig):
         return f"{base}=[" + ",".join(str(v) for v in value) + "]"
@@ -63,7 +63,7 @@ def _misplaced(layer: Any, cfg: DictConfig, prefix: str = "") -> tuple[str, Any,
     if not isinstance(layer, DictConfig | dict):
         return None
     for k, v in layer.items():
-        path = f"{prefix}{k}"
+        path = f"{prefix}{k!s}"
         node = OmegaConf.select(cfg, path, default=None, throw_on_resolution_failure=False)
         mapping = isinstance(v, DictConfig | dict)
         if isinstance(node, DictConfig) and not mapping:
@@ -116,9 +116,9 @@ def check_flat_lists(cfg: DictConfig, prefix: str = "", root: DictConfig | None 
     """
     for k, v in cfg.items():
         if isinstance(v, DictConfig):
-            check_flat_lists(v, f"{prefix}{k}.", root or cfg)
+            check_flat_lists(v, f"{prefix}{k!s}.", root or cfg)
         elif isinstance(v, ListConfig) and any(isinstance(x, DictConfig | ListConfig) for x in v):
-            key = f"{prefix}{k}"
+            key = f"{prefix}{k!s}"
             raise ConfigError(
                 f"{key}: got {OmegaConf.to_container(v)!r}, expected a list of single values "
                 f"(no nested lists or mappings); set e.g. {example(key, root or cfg)}",
