@@ -228,8 +228,8 @@ def load_mnist(data_dir: str | Path, train: bool, fashion: bool = False) -> tupl
         raise
     except Exception as err:  # bytes that do not decode: whatever the reader raises on them
         raise ConfigError(
-            f"data.data_dir: the {name} files {[str(p) for p in found]} could not be read as "
-            f"IDX ({type(err).__name__}: {err}); " + _how_to_get(fashion)
+            f"data.data_dir: got {str(root)!r}, whose {name} files {[p.name for p in found]} "
+            f"could not be read as IDX ({type(err).__name__}: {err}); " + _how_to_get(fashion)
         ) from err
     if len(data) != len(targets):
         raise ConfigError(
