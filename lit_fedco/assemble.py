@@ -4,6 +4,8 @@ is written)."""
 
 from __future__ import annotations
 
+import os
+import socket
 import statistics
 from types import SimpleNamespace
 from typing import Any
@@ -20,10 +22,27 @@ from lit_fedco.failures import Failures
 from lit_fedco.loop import LoopConfig
 from lit_fedco.models import build_model
 from lit_fedco.problems import Classification, Problem, ProblemParams, get_problem
-from lit_fedco.tracking import check_tracking
+from lit_fedco.tracking import check_tracking, check_wandb_server
 from lit_fedco.updaters.base import CompositionalUpdater, get_updater
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64}
+
+
+ACCELERATORS = ("cpu", "cuda", "gpu", "mps", "auto")
+STRATEGIES = ("auto", "ddp")
+"""The strategies the loop runs on: it shards clients over processes itself and never wraps the
+model, so only plain processes with a process group (``ddp``; ``auto``: ``ddp`` for more than
+one process) make sense."""
+
+
+def fabric_settings(cfg: DictConfig) -> dict[str, Any]:
+    """The arguments of ``Fabric`` for the config's accelerator, devices, nodes and strategy."""
+    strategy = cfg.strategy
+    if strategy == "auto" and cfg.devices * cfg.num_nodes > 1:
+        strategy = "ddp"  # processes started by Fabric; gloo on CPU, NCCL on GPUs
+    return dict(
+        accelerator=cfg.accelerator, devices=cfg.devices, num_nodes=cfg.num_nodes, strategy=strategy
+    )
 
 
 def make_fabric(cfg: DictConfig, callbacks: list[Any] | None = None) -> Fabric:
@@ -32,18 +51,97 @@ def make_fabric(cfg: DictConfig, callbacks: list[Any] | None = None) -> Fabric:
     ``callbacks`` are objects with any of the loop's hooks (``on_round_start(loop, cohort)``,
     ``on_round_end(loop, logs)``, ``on_eval_end(loop, metrics)``), called through
     ``fabric.call`` on every process."""
-    strategy = cfg.strategy
-    if strategy == "auto" and cfg.devices * cfg.num_nodes > 1:
-        strategy = "ddp"  # processes started by Fabric; gloo on CPU, NCCL on GPUs
-    fabric = Fabric(
-        accelerator=cfg.accelerator,
-        devices=cfg.devices,
-        num_nodes=cfg.num_nodes,
-        strategy=strategy,
-        callbacks=callbacks,
-    )
+    fabric = Fabric(**fabric_settings(cfg), callbacks=callbacks)
     fabric.launch()
     return fabric
+
+
+def check_fabric(cfg: DictConfig) -> None:
+    """The Fabric settings, checked without starting anything: known names, a device of the
+    kind asked for and enough of them, a multi-node environment for ``num_nodes > 1``, a usable
+    ``MASTER_PORT``; then ``Fabric`` itself is built (not launched) and whatever it refuses is
+    reported as a :class:`ConfigError` too.
+
+    Raises:
+        ConfigError: naming the key (``accelerator``, ``devices``, ``num_nodes``,
+            ``strategy``, ``dtype`` or ``MASTER_PORT``).
+    """
+    for key in ("devices", "num_nodes"):
+        if cfg[key] < 1:
+            raise ConfigError.bad_value(key, cfg[key], "an int >= 1", "1")
+    acc = cfg.accelerator
+    if acc not in ACCELERATORS:
+        raise ConfigError.bad_value("accelerator", acc, f"one of {ACCELERATORS}", "cpu")
+    if cfg.strategy not in STRATEGIES:
+        raise ConfigError.bad_value(
+            "strategy", cfg.strategy, f"one of {STRATEGIES} (the loop shards the clients over "
+            "processes itself; the model is never wrapped)", "auto",
+        )  # fmt: skip
+    cuda, mps = torch.cuda.is_available(), torch.backends.mps.is_available()
+    kind = "cuda" if cuda and acc in ("cuda", "gpu", "auto") else "cpu"
+    kind = "mps" if mps and kind == "cpu" and acc in ("mps", "gpu", "auto") else kind
+    if acc != "auto" and kind == "cpu" and acc != "cpu":
+        raise ConfigError(
+            f"accelerator: got {acc!r}, but torch sees no {'GPU' if acc == 'gpu' else acc.upper()}"
+            " device here (torch.cuda.is_available() and torch.backends.mps.is_available() are "
+            "False); set accelerator=cpu (or auto), or run where such a device is visible",
+            key="accelerator",
+        )
+    count = {"cuda": torch.cuda.device_count(), "mps": 1}.get(kind)
+    if count is not None and cfg.devices > count:
+        raise ConfigError.bad_value(
+            "devices", cfg.devices, f"at most the {count} {kind.upper()} device(s) visible here "
+            "(CUDA_VISIBLE_DEVICES)", str(count),
+        )  # fmt: skip
+    if kind == "mps" and cfg.dtype == "float64":
+        raise ConfigError.bad_value("dtype", cfg.dtype, "float32 on MPS (no float64)", "float32")
+    if cfg.num_nodes > 1 and not _multi_node_environment():
+        raise ConfigError.bad_value(
+            "num_nodes", cfg.num_nodes, "1 outside a multi-node environment (SLURM, torchrun, "
+            "LSF, MPI, Kubeflow, or NODE_RANK and MASTER_ADDR set on every node)", "1",
+        )  # fmt: skip
+    if cfg.devices * cfg.num_nodes > 1:
+        _check_master_port(cfg.num_nodes == 1)
+    try:
+        Fabric(**fabric_settings(cfg))  # builds the connector and strategy; launches nothing
+    except Exception as err:
+        settings = ", ".join(f"{k}={v}" for k, v in fabric_settings(cfg).items())
+        first = (str(err).splitlines() or [type(err).__name__])[0]
+        raise ConfigError(
+            f"accelerator: Lightning Fabric refuses {settings} ({first}); "
+            "change these keys, e.g. accelerator=cpu devices=1 strategy=auto",
+            key="accelerator",
+        ) from None
+
+
+def _multi_node_environment() -> bool:
+    from lightning.fabric.plugins import environments as envs
+
+    # the environments Fabric detects by itself (Kubeflow's must be passed in: not here)
+    kinds = (envs.SLURMEnvironment, envs.TorchElasticEnvironment, envs.LSFEnvironment,
+             envs.MPIEnvironment)  # fmt: skip
+    return any(k.detect() for k in kinds) or {"NODE_RANK", "MASTER_ADDR"} <= set(os.environ)
+
+
+def _check_master_port(local: bool) -> None:
+    """``MASTER_PORT``, when set: a port number, and on one node one that is free."""
+    value = os.environ.get("MASTER_PORT")
+    if value is None:
+        return
+    if not value.strip().isdigit() or not 1 <= int(value) <= 65535:
+        raise ConfigError.bad_value("MASTER_PORT", value, "a TCP port in [1, 65535]", "29500")
+    if local:
+        with socket.socket() as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as torch's TCPStore
+            try:
+                sock.bind(("", int(value)))
+            except OSError as err:
+                raise ConfigError(
+                    f"MASTER_PORT: got {value!r}, but the port cannot be used here "
+                    f"({err.strerror or err}; another run?); unset MASTER_PORT to let Fabric "
+                    "pick a free one, or choose another",
+                    key="MASTER_PORT",
+                ) from None
 
 
 def build_data(cfg: DictConfig, seed: int) -> FederatedData:
@@ -73,17 +171,31 @@ def check_run(cfg: DictConfig) -> None:
     if cfg.dtype not in DTYPES:
         raise ConfigError.bad_value("dtype", cfg.dtype, f"one of {sorted(DTYPES)}", "float32")
     make_executor(cfg.executor, cfg.chunk_size)
-    check_tracking(list(cfg.tracking))
+    if "wandb" in check_tracking(list(cfg.tracking), cfg.project):
+        check_wandb_server()  # online: the server answers, or offline with a warning
     seeds = list(cfg.seeds)
+    names = list(cfg.updaters)
+    if not names or len(set(names)) != len(names):
+        fix = f"[{','.join(dict.fromkeys(names)) or 'fedavg'}]"
+        raise ConfigError.bad_value(
+            "updaters", names, "at least one updater, each once (nothing to run otherwise; a "
+            "repeated one would repeat the same run)", fix,
+        )  # fmt: skip
     if len(set(seeds)) != len(seeds):
         raise ConfigError.bad_value(
             "seeds", seeds, "distinct seeds (a repeated seed repeats the same run)", "[0,1,2]"
         )
+    if cfg.seed < 0:
+        raise ConfigError.bad_value("seed", cfg.seed, "an int >= 0 (numpy's seeds)", "0")
+    if any(s < 0 for s in seeds):
+        raise ConfigError.bad_value("seeds", seeds, "ints >= 0 (numpy's seeds)", "[0,1,2]")
     if cfg.resume not in ("", "auto") and (len(cfg.updaters) != 1 or len(seeds) > 1):
         raise ConfigError.bad_value(
             "resume", cfg.resume, "a single updater and seed with a checkpoint file (or "
             "resume=auto for a whole run)", "auto run_name=NAME",
         )  # fmt: skip
+    if not cfg.out_dir.strip():
+        raise ConfigError.bad_value("out_dir", cfg.out_dir, "a folder for the runs", "runs")
     if "/" in cfg.run_name or cfg.run_name in (".", ".."):
         raise ConfigError.bad_value("run_name", cfg.run_name, "a folder name, no '/'", "lr01")
     if cfg.checkpoint_every < 0:
@@ -94,8 +206,7 @@ def check_run(cfg: DictConfig) -> None:
         raise ConfigError.bad_value("checkpoint_keep", cfg.checkpoint_keep, "an int >= 1", "3")
     if cfg.threads < 0:
         raise ConfigError.bad_value("threads", cfg.threads, "an int >= 0 (0: torch's default)", "1")
-    if cfg.devices < 1 or cfg.num_nodes < 1:
-        raise ConfigError.bad_value("devices", cfg.devices, "an int >= 1", "2")
+    check_fabric(cfg)
     data = build_data(cfg, cfg.seed)  # missing files, impossible splits
     loop_config(cfg, cfg.seed).validate(data.num_clients, cfg.devices * cfg.num_nodes)
     for name in cfg.updaters:  # model sizes, and an objective of the problem for each updater
@@ -153,7 +264,10 @@ def build_updater(
         cfg.model.name, tuple(data.x_train.shape[1:]), problem.num_outputs(), seed,
         cfg.model.hidden,
     )  # fmt: skip
-    objective = problem.objective_for(cls.compositions, model)
+    try:
+        objective = problem.objective_for(cls.compositions, model)
+    except ConfigError as err:
+        raise err.within(f"updater {name!r}") from None
     return cls(updater_hparams(cfg, name), model, objective), problem
 
 

@@ -9,16 +9,17 @@ built (:func:`updater_hparams`, :class:`~lit_fedco.loop.FederatedLoop`).
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import re
+import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import yaml
 from omegaconf import DictConfig, OmegaConf
-from omegaconf.errors import ConfigKeyError, OmegaConfBaseException, ValidationError
+from omegaconf.errors import OmegaConfBaseException
 
+from lit_fedco.config_errors import check_flat_lists, example, friendly
 from lit_fedco.errors import ConfigError
 from lit_fedco.failures import Failures
 from lit_fedco.problems import ProblemParams, available_problems, get_problem
@@ -184,32 +185,6 @@ def schema() -> DictConfig:
     return cfg
 
 
-def _friendly(err: OmegaConfBaseException, source: str) -> ConfigError:
-    key = getattr(err, "full_key", None) or "?"
-    if isinstance(err, ConfigKeyError):
-        parent, _, leaf = str(key).rpartition(".")
-        node: Any = schema()
-        for part in parent.split(".") if parent else []:
-            node = node[part] if isinstance(node, DictConfig) and part in node else None
-        valid = [str(k) for k in node] if isinstance(node, DictConfig) else []
-        close = difflib.get_close_matches(leaf, valid, n=1)
-        hint = f"did you mean {(parent + '.' if parent else '') + close[0]!r}? " if close else ""
-        return ConfigError(
-            f"{key}: unknown config key (from {source}); {hint}"
-            f"valid keys{' under ' + parent if parent else ''}: {', '.join(valid)}",
-            key=str(key),
-        )
-    if isinstance(err, ValidationError):
-        first = str(getattr(err, "msg", err)).splitlines()[0]
-        m = re.search(r"converted to (\w+)", first)
-        expected = f"a value of type {m.group(1).lower()}" if m else first
-        return ConfigError(
-            f"{key}: got {getattr(err, 'value', None)!r} (from {source}), expected {expected}",
-            key=str(key),
-        )
-    return ConfigError(f"{key}: {str(err).splitlines()[0]} (from {source})", key=str(key))
-
-
 def resolve_preset(preset: str) -> Path:
     """A preset given as a path, or as a bare name looked up in the repository's ``recipes/``."""
     for cand in (Path(preset), PRESET_DIR / preset, PRESET_DIR / f"{preset}.yaml"):
@@ -236,10 +211,23 @@ def preset_layers(preset: str, _seen: tuple[Path, ...] = ()) -> list[tuple[str, 
     try:
         layer = OmegaConf.load(path)
     except (OmegaConfBaseException, yaml.YAMLError, OSError, ValueError) as err:
-        first = str(err).splitlines()[0] if str(err) else type(err).__name__
-        raise ConfigError(f"preset: {path} is not a readable YAML mapping ({first})") from None
+        first = str(getattr(err, "problem", None) or err or type(err).__name__).splitlines()[0]
+        mark = getattr(err, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        raise ConfigError(
+            f"preset: {path} is not a readable YAML mapping ({first}{where}); fix the file "
+            "(lists take [a, b] with the brackets closed) or choose another preset"
+        ) from None
     if not isinstance(layer, DictConfig):
-        raise ConfigError(f"preset: {path} must hold a mapping of keys, got a list")
+        raise ConfigError(
+            f"preset: {path} must hold a mapping of keys (rounds: 50), got a list; "
+            "write one key: value per line"
+        )
+    if not layer:
+        raise ConfigError(
+            f"preset: {path} is empty, expected a mapping of keys (rounds: 50); fill it in, "
+            "or leave out preset= to run the recipe's defaults"
+        )
     base = layer.pop("extends", None)
     if base is None:
         return [(f"preset {path}", layer)]
@@ -251,11 +239,36 @@ def preset_layers(preset: str, _seen: tuple[Path, ...] = ()) -> list[tuple[str, 
     return [*preset_layers(base, (*_seen, path)), (f"preset {path}", layer)]
 
 
+def _parse_item(key: str, value: str) -> DictConfig:
+    """One ``key=value`` of the command line as a config; an empty value is the empty string."""
+    try:
+        return OmegaConf.from_dotlist([f"{key}={value}" if value.strip() else f"{key}=''"])
+    except (yaml.YAMLError, OmegaConfBaseException, ValueError) as err:
+        first = str(getattr(err, "problem", None) or err).splitlines()[0]
+        fix = example(key, schema())
+        raise ConfigError(
+            f"{key}: got {value!r} (from the command line), which does not parse ({first}); "
+            f"expected a value, or a list with its brackets closed; set e.g. {fix}",
+            key=key,
+        ) from None
+
+
+def _raw(cfg: DictConfig, key: str) -> Any:
+    """The value at ``key`` as written, interpolations unresolved."""
+    node: Any = OmegaConf.to_container(cfg, resolve=False)
+    try:
+        for part in filter(None, re.split(r"\.|\[(\d+)\]", key)):
+            node = node[int(part)] if isinstance(node, list) else node[part]
+    except (KeyError, IndexError, TypeError, ValueError):
+        return None
+    return node
+
+
 def load_config(argv: list[str], defaults: dict[str, Any] | None = None) -> DictConfig:
     """Merge schema ← recipe ``defaults`` ← ``preset=...`` (and the presets it ``extends``) ←
-    the other ``key=value`` items.
+    the other ``key=value`` items, then resolve interpolations.
 
-    ``updater=NAME`` is shorthand for ``updaters=[NAME]``.
+    ``updater=NAME`` is shorthand for ``updaters=[NAME]``; ``key=`` sets the empty string.
 
     Raises:
         ConfigError: an unknown key, a value of the wrong type, a malformed argument.
@@ -264,34 +277,71 @@ def load_config(argv: list[str], defaults: dict[str, Any] | None = None) -> Dict
     layers: list[tuple[str, Any]] = []
     if defaults:
         layers.append(("the recipe's defaults", defaults))
-    dotlist: list[str] = []
+    items: list[tuple[str, Any]] = []
     for arg in argv:
-        if "=" not in arg:
+        key, eq, value = arg.partition("=")
+        key = key.lstrip("-")
+        if not eq or not key:
             raise ConfigError(
                 f"command line: got {arg!r}, expected key=value (e.g. rounds=50 or "
                 "preset=comfedl_dro_mnist); list-valued keys take [a,b]"
             )
-        key, value = arg.split("=", 1)
-        key = key.lstrip("-")
         if key == "preset":
             layers.extend(preset_layers(value))
         elif key == "updater":
-            dotlist.append(f"updaters=[{value}]")
+            items.append(("the command line", _parse_item("updaters", f"[{value}]")))
         else:
-            dotlist.append(f"{key}={value}")
-    layers.append(("the command line", OmegaConf.from_dotlist(dotlist)))
-    for source, layer in layers:
+            items.append(("the command line", _parse_item(key, value)))
+    for source, layer in [*layers, *items]:  # one item at a time: errors name its key
         try:
             merged = OmegaConf.merge(cfg, layer)
-        except OmegaConfBaseException as err:
-            raise _friendly(err, source) from None
+        except (OmegaConfBaseException, TypeError, ValueError) as err:
+            raise friendly(err, source, layer, cfg) from None
         assert isinstance(merged, DictConfig)
         cfg = merged
+    try:
+        OmegaConf.resolve(cfg)
+    except OmegaConfBaseException as err:
+        key = str(getattr(err, "full_key", None) or "?")
+        first = str(getattr(err, "msg", None) or err).splitlines()[0]
+        raise ConfigError(
+            f"{key}: got {_raw(cfg, key)!r}, expected a value or an interpolation that resolves "
+            f"({first}); set e.g. {example(key, schema())}",
+            key=key,
+        ) from None
+    check_flat_lists(cfg)
     for name in cfg.updaters:
         get_updater(name)  # unknown updater names fail here, with the list of valid ones
     if cfg.objective:
         get_problem(cfg.objective)
     return cfg  # type: ignore[return-value]
+
+
+def variant_configs(
+    argv: list[str], defaults: dict[str, Any] | None, cfg: DictConfig
+) -> list[tuple[str, DictConfig]]:
+    """``(variant, config)`` per entry of ``cfg.variants``, its overrides applied after
+    ``argv``; ``[("", cfg)]`` without variants.
+
+    Raises:
+        ConfigError: a variant that does not split into ``key=value`` items or holds a bad one
+            (the message says which variant).
+    """
+    out = []
+    for i, variant in enumerate(cfg.variants):
+        try:
+            extra = shlex.split(variant)
+        except ValueError as err:
+            raise ConfigError(
+                f"variants[{i}]: got {variant!r}, which does not split into key=value items "
+                f"({err}); close its quotes, e.g. variants=['rounds=50 seed=1']",
+                key="variants",
+            ) from None
+        try:
+            out.append((variant, load_config([*argv, *extra], defaults)))
+        except ConfigError as err:
+            raise err.within(f"variants[{i}] {variant!r}") from None
+    return out or [("", cfg)]
 
 
 def updater_hparams(cfg: DictConfig, name: str) -> Hparams:

@@ -28,3 +28,9 @@ class ConfigError(ValueError):
         if self.key is None or not self.parts:
             return self
         return ConfigError.bad_value(f"{prefix}.{self.key}", *self.parts)
+
+    def within(self, where: str) -> ConfigError:
+        """The same error, saying where the bad value came from (e.g. which variant)."""
+        out = ConfigError(f"{self} (in {where})", key=self.key)
+        out.parts = self.parts
+        return out

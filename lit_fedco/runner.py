@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import os
-import shlex
 import sys
 import time
 from dataclasses import dataclass, field
@@ -30,7 +29,7 @@ from lit_fedco.assemble import (
     check_run,
     make_fabric,
 )
-from lit_fedco.config import load_config
+from lit_fedco.config import load_config, variant_configs
 from lit_fedco.errors import ConfigError
 from lit_fedco.rundir import (
     RUN_DIR_ENV,
@@ -213,14 +212,13 @@ def main(
     child = os.environ.get(RUN_DIR_ENV)  # a process Fabric started: the launcher checked it all
     try:
         cfg = load_config(argv, defaults)
-        # One config per entry of ``variants`` (its overrides applied last), or just cfg.
-        configs = [(v, load_config([*argv, *shlex.split(v)], defaults)) for v in cfg.variants] or [
-            ("", cfg)
-        ]
+        configs = variant_configs(argv, defaults, cfg)  # one per variant, or just cfg
         seeds = list(cfg.seeds) or [cfg.seed]
-        if not child:
-            for _, c in configs:
+        for variant, c in configs if not child else []:
+            try:
                 check_run(c)
+            except ConfigError as err:
+                raise err.within(f"variant {variant!r}") if variant else err from None
         # the processes Fabric starts read the same files and come to the same plan
         plan = plan_run(recipe, cfg, configs, seeds) if not child or cfg.resume else Plan()
         run_dir = (

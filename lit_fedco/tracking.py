@@ -13,21 +13,31 @@ written under ``<out_dir>/wandb/offline-run-*`` and can be uploaded later with `
 ``WANDB_MODE=online`` without credentials is an error before anything starts, rather than an
 interactive prompt.
 
-An offline run is one ``run-<id>.wandb`` file: W&B's transaction log of protobuf ``Record``
-messages (config, history rows, summary, exit code). :func:`read_wandb_offline_run` reads it
-back, so that tests can check what a run logged without a W&B server.
+Online runs need the W&B server: :func:`check_wandb_server` opens a TCP connection to it (name
+resolution included, through ``HTTPS_PROXY`` where one is set) before anything starts, and gives
+up after :data:`CONNECT_TIMEOUT` seconds, where wandb itself would wait about 90 s and then fail
+halfway through the run. Unreachable, it is an error (exit code 2, one line) when
+``WANDB_MODE=online`` asked for it; when the mode was only chosen because credentials were
+found, the run logs offline instead with a one-line warning (``WANDB_MODE=offline`` is set for
+the run's processes) and can be uploaded later with ``wandb sync``. ``WANDB_BASE_URL`` must be
+an http(s) URL, and ``project`` a W&B project name (at most 128 characters, none of
+``/\\#?%:``).
+
+:func:`read_wandb_offline_run` (:mod:`lit_fedco.wandb_read`) reads an offline run back, so
+that tests can check what a run logged without a W&B server.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
 import netrc
 import os
-import struct
-import zlib
+import socket
+import sys
+import threading
+import urllib.request
 from argparse import Namespace
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -38,6 +48,8 @@ from lightning.pytorch.loggers import WandbLogger
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from lit_fedco.errors import ConfigError
+from lit_fedco.wandb_read import read_wandb_offline_run as read_wandb_offline_run
+from lit_fedco.wandb_read import wandb_records as wandb_records
 
 TRACKERS = ("wandb", "csv", "none")
 
@@ -53,21 +65,23 @@ _WANDB_MODES = {
 _WANDB_HOST = "https://api.wandb.ai"
 
 
-def check_tracking(tracking: list[str] | str) -> list[str]:
-    """Validate a ``tracking`` list and, with ``wandb`` in it, the W&B mode.
+def check_tracking(tracking: list[str] | str, project: str | None = None) -> list[str]:
+    """Validate a ``tracking`` list and, with ``wandb`` in it, the W&B mode and settings.
 
     Called before any process starts, so that bad input fails at once.
 
     Args:
         tracking: any of ``"wandb"``, ``"csv"``; ``["none"]`` or ``[]`` for no tracking.
             A single name is taken as a list of one.
+        project: the W&B project, checked when given.
 
     Returns:
         The names, as a list.
 
     Raises:
         ConfigError: for an unknown name, ``none`` together with a tracker, an unknown
-            ``WANDB_MODE``, or ``WANDB_MODE=online`` without credentials.
+            ``WANDB_MODE``, ``WANDB_MODE=online`` without credentials, a malformed
+            ``WANDB_BASE_URL`` or W&B project name.
     """
     names = [tracking] if isinstance(tracking, str) else list(tracking)
     for name in names:
@@ -79,9 +93,74 @@ def check_tracking(tracking: list[str] | str) -> list[str]:
         raise ConfigError.bad_value(
             "tracking", names, "'none' alone, or a list of 'wandb' and 'csv'", "[none]"
         )
-    if "wandb" in names:
-        wandb_mode()
+    if "wandb" in names and wandb_mode() != "disabled":
+        _check_wandb_settings(project)
     return names
+
+
+CONNECT_TIMEOUT = 3.0
+"""Seconds to wait for a TCP connection to the W&B server before a run starts."""
+
+
+def _check_wandb_settings(project: str | None) -> None:
+    """``WANDB_BASE_URL`` and ``project`` (module docstring)."""
+    url = os.environ.get("WANDB_BASE_URL") or _WANDB_HOST
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ConfigError.bad_value(
+            "WANDB_BASE_URL", url, "the http(s) URL of a W&B server (or unset)", _WANDB_HOST
+        )
+    bad = not project or len(project) > 128 or set("/\\#?%:") & set(project)
+    if project is not None and bad:
+        expected = "a W&B project name: 1 to 128 characters, none of /\\#?%:"
+        raise ConfigError.bad_value("project", project, expected, "lit_fedco")
+
+
+def check_wandb_server() -> None:
+    """With W&B online, that its server answers within :data:`CONNECT_TIMEOUT` seconds; if it
+    does not, an error for ``WANDB_MODE=online``, else offline logging with a warning (module
+    docstring). Called once, before anything starts.
+
+    Raises:
+        ConfigError: ``WANDB_MODE`` asks for online logging and the server does not answer.
+    """
+    url = os.environ.get("WANDB_BASE_URL") or _WANDB_HOST
+    if wandb_mode() != "online" or (why := _unreachable(url)) is None:
+        return
+    where = f"the W&B server {url} cannot be reached within {CONNECT_TIMEOUT:g} s ({why})"
+    if os.environ.get("WANDB_MODE", "").strip():
+        raise ConfigError(
+            f"WANDB_MODE: got {os.environ['WANDB_MODE']!r}, but {where}; check the network or "
+            "WANDB_BASE_URL, or set WANDB_MODE=offline and upload later with `wandb sync`",
+            key="WANDB_MODE",
+        )
+    print(f"lit_fedco: {where}; logging offline instead (upload later with `wandb sync`; "
+          "WANDB_MODE=online makes this an error)", file=sys.stderr)  # fmt: skip
+    os.environ["WANDB_MODE"] = "offline"  # for this process and those Fabric starts
+
+
+def _unreachable(url: str, timeout: float = CONNECT_TIMEOUT) -> str | None:
+    """None if a TCP connection to the host of ``url`` (or to the proxy for it) opens within
+    ``timeout`` seconds, name resolution included; else why not."""
+    parts = urlsplit(url)
+    host, port = parts.hostname or "", parts.port or (443 if parts.scheme == "https" else 80)
+    proxy = urllib.request.getproxies().get(parts.scheme)
+    if proxy and not urllib.request.proxy_bypass(host):
+        via = urlsplit(proxy if "://" in proxy else f"http://{proxy}")
+        host, port = via.hostname or host, via.port or 80
+    result: list[str | None] = []
+
+    def attempt() -> None:
+        try:
+            socket.create_connection((host, port), timeout=timeout).close()
+            result.append(None)
+        except OSError as err:
+            result.append(f"{host}:{port}: {err.strerror or err or type(err).__name__}")
+
+    thread = threading.Thread(target=attempt, daemon=True)  # name resolution has no timeout
+    thread.start()
+    thread.join(timeout)
+    return result[0] if result else f"{host}:{port}: no answer"
 
 
 def wandb_mode() -> str:
@@ -274,104 +353,3 @@ def plain_config(config: Any) -> Any:
     if callable(item) and getattr(config, "ndim", None) == 0:
         return plain_config(item())
     return str(config)
-
-
-# --------------------------------------------------------------------------- reading W&B back
-# A .wandb file is a 7-byte header (":W&B", magic 0xBEE1, version) followed by LevelDB's log
-# format: 32 KiB blocks of chunks, each with a 7-byte header (CRC-32, length, type), a record
-# split over FIRST/MIDDLE/LAST chunks where it crosses a block. The header counts towards the
-# first block. The CRC is zlib's CRC-32 of the type byte followed by the payload.
-_BLOCK = 32768
-_CHUNK_HEADER = 7
-_FULL, _FIRST, _MIDDLE, _LAST = 1, 2, 3, 4
-
-
-def wandb_records(path: str | Path) -> Iterator[bytes]:
-    """The serialized ``Record`` messages of a ``.wandb`` transaction log, in order.
-
-    A record cut short at the end of the file (a run killed while writing) ends the iteration.
-
-    Raises:
-        ValueError: if the file is not a W&B log or a chunk fails its checksum.
-    """
-    data = Path(path).read_bytes()
-    if len(data) < 7 or data[:4] != b":W&B" or data[4:6] != b"\xe1\xbe":
-        raise ValueError(f"{path} is not a W&B transaction log (no ':W&B' header)")
-    pos, parts = 7, b""
-    while pos + _CHUNK_HEADER <= len(data):
-        left = _BLOCK - pos % _BLOCK
-        if left < _CHUNK_HEADER:  # a block ends in zero padding shorter than a chunk header
-            pos += left
-            continue
-        crc, length, kind = struct.unpack_from("<IHB", data, pos)
-        start, pos = pos + _CHUNK_HEADER, pos + _CHUNK_HEADER + length
-        if pos > len(data):
-            return
-        payload = data[start:pos]
-        if kind == 0 and length == 0 and crc == 0:  # zeroed space: skip to the next block
-            pos += _BLOCK - pos % _BLOCK if pos % _BLOCK else 0
-            continue
-        if zlib.crc32(payload, zlib.crc32(bytes([kind]))) != crc:
-            raise ValueError(f"{path}: bad checksum in the chunk at byte {start - 7}")
-        if kind == _FULL:
-            yield payload
-        elif kind == _FIRST:
-            parts = payload
-        elif kind == _MIDDLE:
-            parts += payload
-        elif kind == _LAST:
-            yield parts + payload
-            parts = b""
-
-
-def read_wandb_offline_run(run_dir: str | Path) -> dict[str, Any]:
-    """What a W&B run wrote to its ``run-<id>.wandb`` file, read with W&B's own protobuf schema.
-
-    Args:
-        run_dir: the run's folder, e.g. ``<out_dir>/wandb/offline-run-<date>-<id>``.
-
-    Returns:
-        ``run_id``, ``project``, ``name``; ``config`` (the logged config, without W&B's own
-        ``_wandb`` entry); ``history`` (one dict per ``log`` call, W&B's ``_step``,
-        ``_runtime`` and ``_timestamp`` included; Lightning adds ``trainer/global_step``);
-        ``summary`` (the last value of each key); ``exit_code`` (None if the run never ended).
-        Values are decoded from JSON; a nested key reads ``a.b``.
-    """
-    from wandb.proto import wandb_internal_pb2 as pb
-
-    files = sorted(Path(run_dir).glob("run-*.wandb"))
-    if len(files) != 1:
-        raise FileNotFoundError(
-            f"expected one run-*.wandb file in {run_dir}, found {[f.name for f in files]}"
-        )
-    out: dict[str, Any] = {"run_id": None, "project": None, "name": None, "config": {}}
-    out.update(history=[], summary={}, exit_code=None)
-    for payload in wandb_records(files[0]):
-        rec = pb.Record()  # type: ignore[attr-defined]
-        rec.ParseFromString(payload)
-        kind = rec.WhichOneof("record_type")
-        if kind == "run":
-            out.update(run_id=rec.run.run_id, project=rec.run.project, name=rec.run.display_name)
-            _apply(out["config"], rec.run.config.update, rec.run.config.remove)
-        elif kind == "config":
-            _apply(out["config"], rec.config.update, rec.config.remove)
-        elif kind == "history":
-            out["history"].append({_key(i): json.loads(i.value_json) for i in rec.history.item})
-        elif kind == "summary":
-            _apply(out["summary"], rec.summary.update, rec.summary.remove)
-        elif kind == "exit":
-            out["exit_code"] = rec.exit.exit_code
-    for section in ("config", "summary"):
-        out[section] = {k: v for k, v in out[section].items() if not k.startswith("_wandb")}
-    return out
-
-
-def _key(item: Any) -> str:
-    return item.key or ".".join(item.nested_key)
-
-
-def _apply(target: dict[str, Any], updates: Any, removes: Any) -> None:
-    for item in updates:
-        target[_key(item)] = json.loads(item.value_json)
-    for item in removes:
-        target.pop(_key(item), None)

@@ -54,18 +54,27 @@ def load_omniglot(data_dir: str | Path) -> tuple[Tensor, Tensor]:
 
     images, labels, offset = [], [], 0
     for background in (True, False):
+        folder = root / "omniglot-py" / ("images_background" if background else "images_evaluation")
+        expected = f"the Omniglot folder {folder}/<alphabet>/<character>/*.png"
         try:
             ds = _Local(str(root), background=background, download=False)
-        except RuntimeError:
-            folder = "images_background" if background else "images_evaluation"
+            for i in range(len(ds)):
+                img, c = ds[i]
+                small = img.resize((28, 28), Image.Resampling.LANCZOS)
+                images.append(1.0 - torch.tensor(np.asarray(small, dtype=np.float32)) / 255.0)
+                labels.append(c + offset)
+        except Exception as err:  # a missing folder, or files that are not images
+            why = "" if isinstance(err, RuntimeError) else f" ({type(err).__name__}: {err})"
             raise ConfigError(
-                f"data.data_dir: got {str(root)!r}, expected the Omniglot folder "
-                f"{root / 'omniglot-py' / folder}/<alphabet>/<character>/*.png"
+                f"data.data_dir: got {str(root)!r}, expected {expected}{why}; unzip "
+                "images_background.zip and images_evaluation.zip there",
+                key="data.data_dir",
             ) from None
-        for i in range(len(ds)):
-            img, c = ds[i]
-            small = img.resize((28, 28), Image.Resampling.LANCZOS)
-            images.append(1.0 - torch.tensor(np.asarray(small, dtype=np.float32)) / 255.0)
-            labels.append(c + offset)
+        if not len(ds):
+            raise ConfigError(
+                f"data.data_dir: got {str(root)!r}, whose {folder} holds no images, expected "
+                f"{expected}; unzip the Omniglot distribution there",
+                key="data.data_dir",
+            )
         offset += len(ds._characters)
     return torch.stack(images).unsqueeze(1), torch.tensor(labels, dtype=torch.int64)

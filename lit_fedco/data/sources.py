@@ -224,12 +224,12 @@ def load_mnist(data_dir: str | Path, train: bool, fashion: bool = False) -> tupl
     try:
         raw = _uncompressed(found, stems, root)
         data, targets = _read_with_torchvision(fashion, root, raw, train)
-    except (RuntimeError, ValueError, AssertionError, OSError, EOFError) as err:
-        if isinstance(err, ConfigError):
-            raise
+    except ConfigError:
+        raise
+    except Exception as err:  # bytes that do not decode: whatever the reader raises on them
         raise ConfigError(
-            f"data.data_dir: the {name} files {[str(p) for p in found]} could not be read as "
-            f"IDX ({type(err).__name__}: {err}); " + _how_to_get(fashion)
+            f"data.data_dir: got {str(root)!r}, whose {name} files {[p.name for p in found]} "
+            f"could not be read as IDX ({type(err).__name__}: {err}); " + _how_to_get(fashion)
         ) from err
     if len(data) != len(targets):
         raise ConfigError(
@@ -241,6 +241,53 @@ def load_mnist(data_dir: str | Path, train: bool, fashion: bool = False) -> tupl
 
 
 def load_source(name: str, data_dir: str | Path = "") -> Arrays:
+    """:func:`read_source`, checked: images of the source's shape in both pools, as many labels
+    as images, every label a class of the source (:func:`check_pools`)."""
+    arrays = read_source(name, data_dir)
+    if name != "digits":  # embedded: nothing to check
+        check_pools(name, data_dir, arrays)
+    return arrays
+
+
+IMAGE_SHAPES = {"mnist": (1, 28, 28), "fashion_mnist": (1, 28, 28), "cifar10": (3, 32, 32),
+                "cifar100": (3, 32, 32)}  # fmt: skip
+
+
+def check_pools(name: str, data_dir: str | Path, arrays: Arrays) -> None:
+    """Files that decode to nonsense are refused before training: an empty pool, images of
+    another shape than the source's (:data:`IMAGE_SHAPES`), fewer labels than images, or a
+    label outside ``[0, num_classes)``.
+
+    Raises:
+        ConfigError: naming ``data.data_dir``, the pool and what was found.
+    """
+    x, y, x_te, y_te, c = arrays
+    head = f"data.data_dir: got {str(data_dir)!r}, whose {name}"
+    fix = f"replace them with the files of {name}, or set data.name to the data set they hold"
+    for pool, xs, ys in (("training", x, y), ("held-out", x_te, y_te)):
+        shape = tuple(xs.shape[1:])
+        if len(xs) == 0 or len(xs) != len(ys):
+            raise ConfigError(
+                f"{head} {pool} files hold {len(xs)} images and {len(ys)} labels, expected as "
+                f"many labels as images, at least one; {fix}",
+                key="data.data_dir",
+            )
+        if name in IMAGE_SHAPES and shape != IMAGE_SHAPES[name]:
+            raise ConfigError(
+                f"{head} {pool} images have shape {list(shape)}, expected "
+                f"{list(IMAGE_SHAPES[name])}; {fix}",
+                key="data.data_dir",
+            )
+        bad = torch.nonzero((ys < 0) | (ys >= c)).flatten()
+        if len(bad):
+            raise ConfigError(
+                f"{head} {pool} labels include {int(ys[bad[0]])} (row {int(bad[0])}, "
+                f"{len(bad)} such rows), expected class labels in [0, {c}); {fix}",
+                key="data.data_dir",
+            )
+
+
+def read_source(name: str, data_dir: str | Path = "") -> Arrays:
     """A training pool and a held-out pool for data set ``name``.
 
     - ``digits``: scikit-learn's 1797 digits, split 70 / 30 stratified with the fixed seed 0
