@@ -90,9 +90,14 @@ class DataConfig:
 
 @dataclass
 class ModelConfig:
-    """The network: ``logreg`` (multinomial logistic regression), ``mlp`` (tanh, ``hidden``),
-    ``resnet20``, ``linear`` (a score without bias), ``cnn`` (a small CNN, ``hidden`` units) or
-    ``conv4`` (MAML's four-layer CNN, ``hidden`` filters)."""
+    """The network (``lit_fedco.models``).
+
+    Attributes:
+        name: ``logreg`` (multinomial logistic regression), ``mlp`` (tanh, ``hidden``),
+            ``resnet20``, ``linear`` (a score without bias), ``cnn`` (a small CNN, ``hidden``
+            units) or ``conv4`` (MAML's four-layer CNN, ``hidden`` filters).
+        hidden: hidden units (``mlp``, ``cnn``) or filters (``conv4``).
+    """
 
     name: str = "logreg"
     hidden: int = 64
@@ -106,7 +111,12 @@ class RunConfig:
         updaters: the algorithms to run, in order (``updater=NAME`` runs just one).
         seed: seeds model init, cohorts and minibatches; ``seeds`` runs several.
         seeds: run every updater once per seed and report mean ± std (overrides ``seed``).
-        rounds: S. local_steps: I. cohort: m. batch_size: b. eval_every: E.
+        rounds: S, the communication rounds.
+        local_steps: I, the local steps per round (an updater's own ``local_steps``, when set,
+            wins).
+        cohort: m, the clients sampled per round.
+        batch_size: b, the minibatch size per client and local step.
+        eval_every: E, evaluate every E rounds (and after the last round).
         executor: ``vectorized`` (vmap over clients) or ``sequential`` (a loop).
         chunk_size: clients per vmap call (0: all of a rank's cohort at once).
         dtype: ``float32`` or ``float64``.
