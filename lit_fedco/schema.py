@@ -1,0 +1,242 @@
+"""The configuration's catalog, ``lit_fedco/schema.json``: every config key with its type,
+default and one-line description, read by the torch-free command line (:mod:`lit_fedco.cli`)
+so that ``--help`` and a mistyped key answer before torch is imported.
+
+The catalog is generated from the typed schema (:func:`lit_fedco.config.schema`: the run's
+dataclasses, every registered updater's hyperparameters and every registered problem's
+parameters, in that order) and the dataclasses' Google docstrings (their ``Attributes:``
+sections; a field a subclass does not document takes its parent's description). Regenerate it
+after changing any of them::
+
+    python -m lit_fedco.schema --write
+
+``tests/test_schema.py`` fails while the committed file is stale. This module imports
+everything (torch included); only the generated file is read on the fast path.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import inspect
+import json
+import re
+import sys
+import typing
+from pathlib import Path
+from typing import Any
+
+SCHEMA_FILE = Path(__file__).resolve().parent / "schema.json"
+"""The committed catalog."""
+
+WRITE_COMMAND = "python -m lit_fedco.schema --write"
+
+TYPE_NAMES: dict[Any, str] = {
+    int: "int",
+    float: "float",
+    str: "str",
+    bool: "bool",
+    list[str]: "list[str]",
+    list[int]: "list[int]",
+    list[float]: "list[float]",
+}
+"""The field types a config node may have, and their names in the catalog."""
+
+_ROLE = re.compile(r":[a-z]+:`(~?)([^`]+)`")
+_LITERAL = re.compile(r"``(.+?)``")
+_ENTRY = re.compile(r"^(\w+(?:\s*/\s*\w+)*)\s*:\s+(.*)$")
+
+
+def plain(text: str) -> str:
+    """Docstring text as one plain line: reST roles and literals unwrapped, whitespace joined
+    (``:class:`~a.b.C``` → ``C``, ````x=1```` → ``x=1``)."""
+    text = _ROLE.sub(lambda m: m.group(2).rsplit(".", 1)[-1] if m.group(1) else m.group(2), text)
+    return " ".join(_LITERAL.sub(r"\1", text).split())
+
+
+def first_paragraph(doc: str | None) -> str:
+    """A docstring's first paragraph, as one plain line."""
+    text = inspect.cleandoc(doc or "")
+    return plain(text.split("\n\n", 1)[0])
+
+
+def first_sentence(doc: str | None) -> str:
+    """A docstring's first sentence (up to a full stop followed by a capital), one line."""
+    para = first_paragraph(doc)
+    m = re.match(r"(.+?\.)\s+(?=[A-Z])", para)
+    line = m.group(1) if m else para
+    return line.rstrip(":") + "." if line.endswith(":") else line
+
+
+def attributes(doc: str | None) -> dict[str, str]:
+    """Field name → description, parsed from a Google docstring's ``Attributes:`` section.
+
+    An entry ``a / b / c: text`` documents each of the names; continuation lines (indented
+    deeper than the entry) are joined to it.
+    """
+    lines = inspect.cleandoc(doc or "").splitlines()
+    out: dict[str, str] = {}
+    try:
+        start = next(i for i, line in enumerate(lines) if line.strip() == "Attributes:")
+    except StopIteration:
+        return out
+    head_indent = len(lines[start]) - len(lines[start].lstrip())
+    entry_indent: int | None = None
+    names: list[str] = []
+    for line in lines[start + 1 :]:
+        if not line.strip():
+            continue
+        indent = len(line) - len(line.lstrip())
+        if indent <= head_indent:
+            break  # the next section
+        if entry_indent is None:
+            entry_indent = indent
+        m = _ENTRY.match(line.strip())
+        if indent == entry_indent and m:
+            names = [n.strip() for n in m.group(1).split("/")]
+            for name in names:
+                out[name] = m.group(2)
+        elif indent > entry_indent and names:
+            for name in names:
+                out[name] += " " + line.strip()
+    return {k: plain(v) for k, v in out.items()}
+
+
+def field_docs(cls: type) -> dict[str, str]:
+    """Every documented field of dataclass ``cls``: its own docstring first, then its bases'."""
+    docs: dict[str, str] = {}
+    for klass in reversed(cls.__mro__):
+        docs.update(attributes(klass.__dict__.get("__doc__")))
+    return docs
+
+
+def type_name(tp: Any, where: str, strict: bool = True) -> str:
+    """The catalog's name of a field type (:data:`TYPE_NAMES`)."""
+    if tp in TYPE_NAMES:
+        return TYPE_NAMES[tp]
+    if not strict:
+        return getattr(tp, "__name__", str(tp))
+    raise TypeError(f"{where}: type {tp!r} is not one of {sorted(TYPE_NAMES.values())}")
+
+
+def node_entry(
+    cls: type, kind: str, help_text: str, strict: bool = True, **extra: Any
+) -> dict[str, Any]:
+    """The catalog entry of one config node: dataclass ``cls``'s fields, typed and described.
+
+    Raises:
+        ValueError: (``strict``) a field without a description in any docstring of ``cls``'s
+            classes.
+        TypeError: (``strict``) a field type the catalog does not know.
+    """
+    docs = field_docs(cls)
+    hints = typing.get_type_hints(cls)
+    keys: dict[str, Any] = {}
+    for f in dataclasses.fields(cls):
+        where = f"{cls.__module__}.{cls.__qualname__}.{f.name}"
+        if dataclasses.is_dataclass(hints[f.name]):
+            continue  # a child node, listed on its own
+        if f.name not in docs and strict:
+            raise ValueError(
+                f"{where} has no description: document it in the class's docstring "
+                f"(Attributes: {f.name}: ...), then run {WRITE_COMMAND}"
+            )
+        if f.default is not dataclasses.MISSING:
+            default = f.default
+        elif f.default_factory is not dataclasses.MISSING:
+            default = f.default_factory()
+        else:
+            raise ValueError(f"{where} has no default")
+        keys[f.name] = {"type": type_name(hints[f.name], where, strict), "default": default,
+                        "help": docs.get(f.name, "")}  # fmt: skip
+    entry: dict[str, Any] = {"kind": kind, "class": f"{cls.__module__}.{cls.__qualname__}"}
+    entry.update(extra)
+    frozen = bool(cls.__dataclass_params__.frozen)  # type: ignore[attr-defined]
+    entry.update(help=help_text, frozen=frozen, keys=keys)
+    return entry
+
+
+def updater_entry(name: str, strict: bool = True) -> dict[str, Any]:
+    """The catalog entry of registered updater ``name`` (its hyperparameters). Not ``strict``
+    (an updater registered at run time, for ``--help``): undocumented fields are allowed."""
+    from lit_fedco.updaters import get_updater
+
+    cls = get_updater(name)
+    return node_entry(cls.hparams_cls, "updater", first_sentence(cls.__doc__), strict,
+                      default_problem=cls.default_problem)  # fmt: skip
+
+
+def problem_entry(name: str, strict: bool = True) -> dict[str, Any]:
+    """The catalog entry of registered problem ``name`` (its parameters)."""
+    from lit_fedco.problems import get_problem
+
+    cls = get_problem(name)
+    return node_entry(cls.params_cls, "problem", first_sentence(cls.params_cls.__doc__), strict)
+
+
+def build() -> dict[str, Any]:
+    """The catalog: the run's keys, then one node per config section in the order of
+    :func:`lit_fedco.config.schema` (data, model, failures, the updaters, the problems)."""
+    from omegaconf import DictConfig
+
+    from lit_fedco.config import RunConfig, schema
+    from lit_fedco.problems import available_problems
+    from lit_fedco.updaters import available_updaters
+
+    run = node_entry(RunConfig, "run", first_sentence(RunConfig.__doc__))
+    nodes: dict[str, Any] = {}
+    hints = typing.get_type_hints(RunConfig)
+    for f in dataclasses.fields(RunConfig):
+        child = hints[f.name]
+        if dataclasses.is_dataclass(child):
+            assert isinstance(child, type)
+            nodes[f.name] = node_entry(child, "config", first_sentence(child.__doc__))
+    updaters = available_updaters()
+    problems = available_problems()
+    for name in updaters:
+        nodes[name] = updater_entry(name)
+    for name in problems:
+        nodes[name] = problem_entry(name)
+    order = [str(k) for k in schema()]
+    fields = [f.name for f in dataclasses.fields(RunConfig)]
+    assert order == [*fields, *updaters, *problems], "config.schema() changed its layout"
+    cfg = schema()  # the catalog's defaults are the schema's, node by node
+    for name, node in nodes.items():
+        sub = cfg[name]
+        assert isinstance(sub, DictConfig)
+        assert list(node["keys"]) == [str(k) for k in sub], name
+    return {
+        "about": f"Generated by `{WRITE_COMMAND}` from lit_fedco's dataclasses; do not edit.",
+        "fields": fields,
+        "run": run,
+        "nodes": nodes,
+    }
+
+
+def dumps(catalog: dict[str, Any]) -> str:
+    """The catalog as the committed file's text."""
+    return json.dumps(catalog, indent=1, ensure_ascii=False) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``--write`` regenerates :data:`SCHEMA_FILE`; ``--check`` (default) exits 1 when stale."""
+    parser = argparse.ArgumentParser(prog="python -m lit_fedco.schema", description=__doc__)
+    parser.add_argument("--write", action="store_true", help=f"rewrite {SCHEMA_FILE.name}")
+    args = parser.parse_args(argv)
+    text = dumps(build())
+    if args.write:
+        if not SCHEMA_FILE.is_file() or SCHEMA_FILE.read_text() != text:
+            SCHEMA_FILE.write_text(text)
+            print(f"wrote {SCHEMA_FILE}")
+        else:
+            print(f"{SCHEMA_FILE} is up to date")
+        return 0
+    if not SCHEMA_FILE.is_file() or SCHEMA_FILE.read_text() != text:
+        print(f"{SCHEMA_FILE} is stale: run {WRITE_COMMAND}", file=sys.stderr)
+        return 1
+    print(f"{SCHEMA_FILE} is up to date")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
