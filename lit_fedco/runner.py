@@ -31,6 +31,7 @@ from lit_fedco.assemble import (
 )
 from lit_fedco.config import load_config, variant_configs
 from lit_fedco.errors import ConfigError
+from lit_fedco.helptext import HELP_FLAGS, print_help
 from lit_fedco.rundir import (
     RUN_DIR_ENV,
     History,
@@ -205,10 +206,8 @@ def main(
     (:func:`~lit_fedco.assemble.make_fabric`).
     """
     argv = sys.argv[1:] if argv is None else argv
-    if any(a in ("-h", "--help", "help") for a in argv):
-        print(f"usage: python -m lit_fedco.recipes.{recipe} [preset=NAME] [key=value ...]\n")
-        print(OmegaConf.to_yaml(load_config([], defaults)))
-        return []
+    if any(a in HELP_FLAGS for a in argv):
+        return print_help(recipe, defaults, argv, load_config)
     child = os.environ.get(RUN_DIR_ENV)  # a process Fabric started: the launcher checked it all
     try:
         cfg = load_config(argv, defaults)

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from lit_fedco.runner import main
+from lit_fedco.cli import main
 
 DEFAULTS: dict[str, Any] = {
     "updaters": ["comfedl_damaml", "comfedl_maml", "fedmaml", "tr_maml", "ditto", "fedavg"],

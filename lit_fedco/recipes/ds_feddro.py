@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from lit_fedco.runner import main
+from lit_fedco.cli import main
 
 COLUMNS = [
     ("val/acc_avg", "val avg acc"),

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from lit_fedco.runner import main
+from lit_fedco.cli import main
 
 DEFAULTS: dict[str, Any] = {
     "updaters": ["fedavg", "coda_plus", "fcsg", "fcsg_m", "acc_fcsg_m"],

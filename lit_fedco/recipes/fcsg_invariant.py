@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from lit_fedco.runner import main
+from lit_fedco.cli import main
 
 RATIOS = (1.0, 1.5, 2.0)  # σ₂/σ₁ with σ₁ = 1
 INNER = (1, 10, 100)  # m

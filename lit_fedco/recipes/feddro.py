@@ -15,9 +15,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from lit_fedco.cli import main
 from lit_fedco.recipes.ds_feddro import COLUMNS
 from lit_fedco.recipes.ds_feddro import DEFAULTS as DS_DEFAULTS
-from lit_fedco.runner import main
 
 DEFAULTS: dict[str, Any] = {
     **DS_DEFAULTS,

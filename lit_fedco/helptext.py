@@ -1,0 +1,247 @@
+"""A recipe's ``--help`` and ``--help-all``, written from the catalog (:mod:`lit_fedco.catalog`)
+and the config the command line would run with; no torch.
+
+``--help``: the usage, the recipe's summary, the keys the recipe sets, the hyperparameters of
+its updaters and the parameters of its problem (with the values it would run with and a line
+each), its presets, and the names of every other key. ``--help-all``: every key of every node.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib.util
+import json
+import re
+import shutil
+import sys
+import textwrap
+from collections.abc import Callable
+from typing import Any
+
+from lit_fedco import catalog
+from lit_fedco.errors import ConfigError
+
+HELP_FLAGS = ("-h", "--help", "help", "--help-all")
+"""Arguments that ask for help (``--help-all``: every key)."""
+
+Loader = Callable[[list[str], dict[str, Any]], Any]
+"""``(argv, defaults) -> config``, raising :class:`ConfigError` (``load_config``'s shape)."""
+
+
+def width() -> int:
+    """The text width: the terminal's, kept within 72-100 columns."""
+    return max(72, min(100, shutil.get_terminal_size((100, 24)).columns))
+
+
+def recipe_doc(recipe: str) -> str:
+    """The first paragraph of recipe ``recipe``'s module docstring, read from its source
+    (nothing is imported); else of the ``__main__`` module's (a script's own recipe)."""
+    doc: str | None = None
+    try:
+        spec = importlib.util.find_spec(f"lit_fedco.recipes.{recipe}")
+    except (ImportError, ValueError):
+        spec = None
+    if spec is not None and spec.origin and spec.origin.endswith(".py"):
+        with open(spec.origin, encoding="utf-8") as f:
+            doc = ast.get_docstring(ast.parse(f.read()))
+    if doc is None:
+        doc = getattr(sys.modules.get("__main__"), "__doc__", None)
+    return " ".join((doc or "").strip().split("\n\n", 1)[0].split())
+
+
+def show(value: Any) -> str:
+    """A value as it is written on the command line (``[a,b]``, ``true``, quoted if needed)."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, list | tuple):
+        return "[" + ",".join(show(v) for v in value) + "]"
+    if isinstance(value, str):
+        plain = value and not any(c in value for c in " ,[]{}'\"=$:#")
+        return value if plain else json.dumps(value, ensure_ascii=False)
+    return str(value)
+
+
+class Writer:
+    """Lines of help text: headings, wrapped paragraphs and two-column ``key=value  text``."""
+
+    def __init__(self, cols: int) -> None:
+        self.cols = cols
+        self.lines: list[str] = []
+
+    def blank(self) -> None:
+        if self.lines and self.lines[-1]:
+            self.lines.append("")
+
+    def para(self, text: str, indent: str = "") -> None:
+        self.lines += textwrap.wrap(text, self.cols, initial_indent=indent,
+                                    subsequent_indent=indent) or [""]  # fmt: skip
+
+    def heading(self, text: str) -> None:
+        self.blank()
+        self.para(text)
+
+    def cell(self, text: str) -> list[str]:
+        """A ``key=value`` wider than the text, broken after commas (a long list)."""
+        lines = [""]
+        for piece in re.split(r"(?<=,)", text):
+            if lines[-1].strip() and len(lines[-1]) + len(piece) > self.cols:
+                lines.append("      ")
+            lines[-1] += piece
+        return lines
+
+    def rows(self, rows: list[tuple[str, str]], col: int = 30) -> None:
+        """``  key=value   description`` rows, the descriptions from column ``col``; a key
+        too wide for it gets its description on the next line."""
+        for key, text in rows:
+            text = text or "(no description)"
+            body = textwrap.wrap(text, self.cols - col) or [""]
+            first = f"  {key}"
+            if len(first) + 2 > col:
+                self.lines += self.cell(first)
+                self.lines += [" " * col + line for line in body]
+            else:
+                self.lines.append(first.ljust(col) + body[0])
+                self.lines += [" " * col + line for line in body[1:]]
+
+
+def _flat(values: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in values.items():
+        if isinstance(v, dict):
+            out.update(_flat(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
+def brief(text: str) -> str:
+    """A description's first sentence (``--help``; ``--help-all`` shows it whole)."""
+    m = re.match(r"(.+?\.)\s+(?=[A-Z])", text)
+    return m.group(1) if m else text
+
+
+def _key_rows(
+    node: dict[str, Any], values: dict[str, Any], prefix: str, short: bool
+) -> list[tuple[str, str]]:
+    """``prefix.key=value`` and its description, for every key of ``node``."""
+    rows = []
+    for key, spec in node["keys"].items():
+        text = brief(spec["help"]) if short else spec["help"]
+        rows.append((f"{prefix}{key}={show(values.get(key, spec['default']))}", text))
+    return rows
+
+
+def _set_rows(
+    run: dict[str, Any],
+    sections: dict[str, dict[str, Any]],
+    values: dict[str, Any],
+    set_keys: set[str],
+) -> list[tuple[str, str]]:
+    """The run keys (and data / model / failures keys) the recipe sets, or that differ from
+    their defaults, with their values and first sentences."""
+    rows = []
+    for prefix, node, vals in [("", run, values)] + [
+        (f"{name}.", node, values.get(name, {})) for name, node in sections.items()
+    ]:
+        for key, spec in node["keys"].items():
+            value = vals.get(key, spec["default"])
+            if f"{prefix}{key}" in set_keys or value != spec["default"]:
+                rows.append((f"{prefix}{key}={show(value)}", brief(spec["help"])))
+    return rows
+
+
+def _problems(nodes: dict[str, Any], updaters: list[str], objective: str) -> dict[str, str]:
+    """The problems a run trains on → why: its ``objective``, else its updaters' defaults."""
+    if objective:
+        return {objective: "objective"}
+    out: dict[str, list[str]] = {}
+    for u in updaters:
+        problem = nodes.get(u, {}).get("default_problem", "")
+        if problem:
+            out.setdefault(problem, []).append(u)
+    return {p: f"the problem of {', '.join(us)}" for p, us in out.items()}
+
+
+def render(
+    recipe: str,
+    defaults: dict[str, Any],
+    values: dict[str, Any],
+    everything: bool = False,
+    cols: int | None = None,
+) -> str:
+    """The help text of ``recipe``.
+
+    Args:
+        recipe: the recipe's name (``lit_fedco.recipes.<recipe>``).
+        defaults: the recipe's defaults (which keys it sets).
+        values: the config the command line would run with, as plain containers.
+        everything: ``--help-all``: every key of every node, each with its whole description.
+        cols: the text width (default :func:`width`).
+    """
+    cat = catalog.current()
+    nodes: dict[str, Any] = cat["nodes"]
+    run: dict[str, Any] = cat["run"]
+    sections = {k: nodes[k] for k in cat["fields"] if k in nodes}  # data, model, failures
+    w = Writer(cols or width())
+    prog = f"python -m lit_fedco.recipes.{recipe}"
+    w.lines.append(f"usage: {prog} [preset=NAME] [key=value ...]")
+    w.lines.append(f"       {prog} --help | --help-all")
+    doc = recipe_doc(recipe)
+    if doc:
+        w.blank()
+        w.para(doc)
+
+    if everything:
+        w.heading("Run keys (values as this command runs them):")
+        w.rows(_key_rows(run, values, "", False))
+        for name, node in sections.items():
+            w.heading(f"{name}.*: {node['help']}")
+            w.rows(_key_rows(node, values.get(name, {}), f"{name}.", False))
+    else:
+        own = {k: v for k, v in defaults.items() if k not in nodes or k in sections}
+        w.heading("Recipe keys (values as this command runs them):")
+        w.rows(_set_rows(run, sections, values, set(_flat(own))))
+
+    updaters = [str(u) for u in values.get("updaters", [])]
+    problems = _problems(nodes, updaters, str(values.get("objective") or ""))
+    shown = [u for u in updaters if u in nodes] + [p for p in problems if p in nodes]
+    others = [k for k in nodes if k not in sections and k not in shown]
+    for name in shown + (others if everything else []):
+        node = nodes[name]
+        if node["kind"] == "problem":
+            note = f" ({problems[name]})" if name in problems else f" (objective={name})"
+        else:
+            note = "" if name in updaters else " (not in this run)"
+        w.heading(f"{name}{note}: {node['help']}")
+        w.rows(_key_rows(node, values.get(name, {}), f"{name}.", not everything))
+
+    found = catalog.presets(recipe)
+    w.heading("Presets (preset=NAME; YAML files in recipes/):" if found else "Presets: none.")
+    w.rows(found, col=min(40, 4 + max((len(name) for name, _ in found), default=0)))
+    if not everything:
+        listed = {row.split("=", 1)[0] for row, _ in _set_rows(run, {}, values, set(defaults))}
+        rest = [k for k in run["keys"] if k not in listed]
+        w.heading("Every other key, with a line each: --help-all.")
+        w.para(f"Run keys: {', '.join(rest)}.", indent="  ")
+        w.para(f"Nodes: {', '.join(f'{s}.*' for s in sections)}; other updaters and problems: "
+               f"{', '.join(others)}.", indent="  ")  # fmt: skip
+    return "\n".join(w.lines).rstrip() + "\n"
+
+
+def print_help(recipe: str, defaults: dict[str, Any], argv: list[str], load: Loader) -> list[Any]:
+    """Print ``recipe``'s help for a command line holding one of :data:`HELP_FLAGS`; its other
+    items (a preset, overrides) set the values shown. A bad item ends the process with exit
+    code 2 and one line, as a run would."""
+    from omegaconf import OmegaConf
+
+    rest = [a for a in argv if a not in HELP_FLAGS]
+    try:
+        cfg = load(rest, defaults)
+    except ConfigError as err:
+        print(f"lit_fedco: {err}", file=sys.stderr)
+        raise SystemExit(2) from None
+    values = OmegaConf.to_container(cfg, resolve=False)
+    assert isinstance(values, dict)
+    text = render(recipe, defaults, {str(k): v for k, v in values.items()}, "--help-all" in argv)
+    print(text, end="")
+    return []

@@ -1,0 +1,286 @@
+"""The recipes' command line before torch: ``--help``, ``--help-all`` and unknown keys are
+answered from the catalog (``lit_fedco.cli``, ``lit_fedco.catalog``) without importing torch,
+Lightning or W&B, with the full check's own messages. (How fast: measured, not asserted; see
+the pull request / CHANGELOG.)"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from omegaconf import DictConfig, OmegaConf
+
+from lit_fedco import catalog, cli, helptext
+from lit_fedco.config import load_config, schema
+from lit_fedco.errors import ConfigError
+from lit_fedco.recipes.comfedl_dro import DEFAULTS as DRO_DEFAULTS
+from lit_fedco.recipes.ds_feddro import DEFAULTS
+from lit_fedco.runner import main as runner_main
+from lit_fedco.updaters import Hparams
+from lit_fedco.updaters import base as updater_base
+
+REPO = Path(__file__).resolve().parent.parent
+RECIPES = sorted(p.stem for p in (REPO / "lit_fedco" / "recipes").glob("*.py") if p.stem[0] != "_")
+HEAVY = ("torch", "torchvision", "torchmetrics", "lightning", "lightning_fabric", "wandb")
+
+
+def run_cli(*args: str) -> tuple[subprocess.CompletedProcess[str], set[str]]:
+    """``python -X importtime -m lit_fedco.recipes.ds_feddro ARGS``: the process and the top
+    packages of every module it imported."""
+    proc = subprocess.run(
+        [sys.executable, "-X", "importtime", "-m", "lit_fedco.recipes.ds_feddro", *args],
+        capture_output=True, text=True, cwd=REPO, timeout=120,
+    )  # fmt: skip
+    imported = set()
+    for line in proc.stderr.splitlines():
+        if line.startswith("import time:") and "|" in line:
+            imported.add(line.rsplit("|", 1)[1].strip().split(".")[0])
+    return proc, imported
+
+
+def has_row(text: str, key_value: str) -> bool:
+    """Whether the help ``text`` has a row for ``key=value``."""
+    return re.search(rf"^  {re.escape(key_value)}(  |$)", text, flags=re.M) is not None
+
+
+def stderr_lines(proc: subprocess.CompletedProcess[str]) -> list[str]:
+    return [line for line in proc.stderr.splitlines() if not line.startswith("import time:")]
+
+
+def full_error(argv: list[str], defaults: dict) -> str:
+    with pytest.raises(ConfigError) as exc:
+        load_config(argv, defaults)
+    return str(exc.value)
+
+
+# ---------------------------------------------------------------------- in a subprocess
+def test_help_describes_the_recipe_without_importing_torch():
+    proc, imported = run_cli("--help")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert not imported & set(HEAVY), sorted(imported & set(HEAVY))
+    out = proc.stdout
+    assert out.startswith("usage: python -m lit_fedco.recipes.ds_feddro [preset=NAME]")
+    assert "DS-FedDRO against FedDRO, FedAvg-CO and MBSGD on sample-level KL-DRO" in out
+    for row in [
+        "rounds=150", "data.name=digits_st", "model.hidden=32",  # the recipe's keys and values
+        "ds_feddro.gamma_x=1.3", "feddro.beta=0.5", "fedavg_co.case=II", "mbsgd.lr=0.1",
+        "sample_dro.kind=kl", "ds_feddro_cifar10_st", "ds_feddro_cifar100_st",  # presets
+    ]:  # fmt: skip
+        assert has_row(out, row), row
+    for text in [
+        "S, the communication rounds.", "γ_x > 0, the server step size on x",
+        "sample_dro (objective): Sample-level DRO", "λ > 0, the divergence weight.",
+        "FedDRO paper §6: imbalanced classification", "--help-all",
+    ]:  # fmt: skip
+        assert text in out, text
+    assert "comfedl_dro_mnist" not in out  # another recipe's preset
+    assert "coda_plus.gamma" not in out and "data.big=" not in out  # the rest: --help-all
+    assert re.search(r"Run keys: seed, seeds, executor", out)
+
+
+def test_help_all_lists_every_key_without_importing_torch():
+    proc, imported = run_cli("--help-all")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert not imported & set(HEAVY)
+    cat = catalog.load()
+    for name, node in [("", cat["run"]), *((f"{k}.", v) for k, v in cat["nodes"].items())]:
+        for key in node["keys"]:
+            assert f"  {name}{key}=" in proc.stdout, f"{name}{key}"
+    assert "coda_plus (not in this run): CODA+" in proc.stdout
+    assert has_row(proc.stdout, "data.big=1000") and has_row(proc.stdout, "ds_feddro.gamma_x=1.3")
+
+
+def test_unknown_key_exits_2_with_the_full_message_without_importing_torch():
+    proc, imported = run_cli("rounds=3", "ds_feddro.gama_x=2")
+    assert proc.returncode == 2
+    assert not imported & set(HEAVY)
+    expected = full_error(["rounds=3", "ds_feddro.gama_x=2"], DEFAULTS)
+    assert expected.startswith("ds_feddro.gama_x: unknown config key (from the command line); ")
+    assert stderr_lines(proc) == [f"lit_fedco: {expected}"]
+    assert proc.stdout == ""
+
+
+def test_import_lit_fedco_and_a_recipe_do_not_import_torch_until_asked():
+    code = (
+        "import sys, lit_fedco, lit_fedco.recipes.feddro\n"
+        f"print(sorted(m for m in sys.modules if m.split('.')[0] in {HEAVY!r}))\n"
+        "print(lit_fedco.ConfigError.__name__, lit_fedco.register.__name__,"
+        " lit_fedco.Hparams.__name__, lit_fedco.CompositionalUpdater.__name__)\n"
+        "print('torch' in sys.modules)\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          cwd=REPO, timeout=120)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.splitlines() == [
+        "[]", "ConfigError register Hparams CompositionalUpdater", "True"
+    ]  # fmt: skip
+
+
+# ---------------------------------------------------------------------- the same answers
+def test_typed_schema_mirrors_the_full_schema():
+    fast, full = catalog.typed_schema(), schema()
+    assert OmegaConf.to_yaml(fast) == OmegaConf.to_yaml(full)
+
+    def shape(node: DictConfig, prefix: str = "") -> dict[str, tuple]:
+        out = {}
+        for k in node:
+            child = node._get_node(k)
+            meta = child._metadata  # type: ignore[union-attr]
+            cls = meta.object_type if isinstance(child, DictConfig) else None
+            out[prefix + str(k)] = (
+                type(child).__name__, child._get_flag("readonly"), child._get_flag("struct"),
+                getattr(cls, "__name__", cls), getattr(meta, "element_type", None),
+                getattr(meta.ref_type, "__name__", str(meta.ref_type)),
+            )  # fmt: skip
+            if isinstance(child, DictConfig):
+                out.update(shape(child, f"{prefix}{k}."))
+        return out
+
+    assert shape(fast) == shape(full)
+    assert fast._get_flag("struct") is full._get_flag("struct") is True
+
+
+BAD = [
+    ["roundz=3"],
+    ["--roundz=3"],
+    ["client_dro.gama=0.1"],
+    ["data.nme=x"],
+    ["model.hiden=3"],
+    ["failures.dro=0.1"],
+    ["fedavg.mu=1"],
+    ["nonexistent.x=1"],
+    ["rounds=3", "ds_feddro.gama_x=2", "seedz=1"],
+    ["updater=comfed"],
+    ["updater=fedprox"],
+    ["updaters=[fedavg,nope]"],
+    ["objective=sample"],
+    ["preset=ds_feddro_cifar10_st", "data.nme=x"],
+]
+
+
+@pytest.mark.parametrize("argv", BAD, ids=" ".join)
+@pytest.mark.parametrize("defaults", [DEFAULTS, DRO_DEFAULTS], ids=["ds_feddro", "comfedl_dro"])
+def test_unknown_keys_and_names_get_the_full_checks_message(argv, defaults):
+    with pytest.raises(ConfigError) as exc:
+        catalog.check(argv, defaults)
+    assert str(exc.value) == full_error(argv, defaults)
+
+
+def test_unknown_keys_in_presets_and_defaults_name_their_source(tmp_path):
+    (tmp_path / "base.yaml").write_text("rounds: 7\ndata:\n  nmae: digits\n")
+    (tmp_path / "grid.yaml").write_text(f"extends: {tmp_path / 'base.yaml'}\nrounds: 3\n")
+    for argv, defaults in [
+        ([f"preset={tmp_path / 'grid.yaml'}"], DEFAULTS),
+        (["rounds=2"], {**DEFAULTS, "cohortt": 3}),
+        (["roundz=1"], {**DEFAULTS, "sample_dro": {"lamb": 1.0}}),
+    ]:
+        with pytest.raises(ConfigError) as exc:
+            catalog.check(argv, defaults)
+        assert str(exc.value) == full_error(argv, defaults)
+    assert "(from preset " in full_error([f"preset={tmp_path / 'grid.yaml'}"], DEFAULTS)
+
+
+@pytest.mark.parametrize(
+    "argv", [["rounds=many"], ["rounds"], ["preset=nope"], ["data=5"], ["rounds.x=1"]], ids=" ".join
+)
+def test_other_errors_are_left_to_the_full_check(argv):
+    assert catalog.check(argv, DEFAULTS) is None
+    with pytest.raises(ConfigError):
+        load_config(argv, DEFAULTS)
+
+
+def _presets_of(recipe: str) -> list[str]:
+    return [name for name, _ in catalog.presets(recipe)]
+
+
+@pytest.mark.parametrize("recipe", RECIPES)
+def test_valid_configs_merge_to_the_full_config(recipe):
+    defaults = importlib.import_module(f"lit_fedco.recipes.{recipe}").DEFAULTS
+    for argv in [[], ["rounds=3", "updater=fedavg", "seeds=[1,2]"]] + [
+        [f"preset={p}"] for p in _presets_of(recipe)
+    ]:
+        fast = catalog.check(argv, defaults)
+        assert fast is not None, argv
+        assert OmegaConf.to_container(fast) == OmegaConf.to_container(load_config(argv, defaults))
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["roundz=3"],
+        ["variants=[rounds=2,roundz=3]"],
+        ["preset=comfedl_dro_mnist_q_grid", "variants=[qfedavg.qq=1]"],
+    ],
+    ids=" ".join,
+)
+def test_cli_and_runner_print_the_same_line_and_exit_2(argv, capsys, tmp_path):
+    args = [*argv, f"out_dir={tmp_path}"]
+    for main in (cli.main, runner_main):
+        with pytest.raises(SystemExit) as exc:
+            main("comfedl_dro", DRO_DEFAULTS, args)
+        assert exc.value.code == 2
+    fast, full = capsys.readouterr().err.splitlines()
+    assert fast == full and "unknown config key" in fast
+    assert not list(tmp_path.iterdir())
+
+
+# ---------------------------------------------------------------------- help text
+def test_help_shows_the_values_of_a_preset_and_overrides(capsys):
+    cli.main("ds_feddro", DEFAULTS, ["--help", "preset=ds_feddro_cifar10_st", "rounds=7"])
+    out = capsys.readouterr().out
+    for row in ["rounds=7", "data.name=cifar10_st", "model.name=resnet20",
+                "ds_feddro.lr_decay_round=90"]:  # fmt: skip
+        assert has_row(out, row), row
+    with pytest.raises(SystemExit) as exc:
+        cli.main("ds_feddro", DEFAULTS, ["--help", "roundz=7"])
+    assert exc.value.code == 2
+    assert capsys.readouterr().err.startswith("lit_fedco: roundz: unknown config key")
+
+
+@pytest.mark.parametrize("recipe", RECIPES)
+@pytest.mark.parametrize("cols", [80, 100])
+def test_help_fits_the_width_and_lists_the_recipes_own_presets(recipe, cols):
+    defaults = importlib.import_module(f"lit_fedco.recipes.{recipe}").DEFAULTS
+    values = OmegaConf.to_container(load_config([], defaults))
+    assert isinstance(values, dict)
+    for everything in (False, True):
+        text = helptext.render(recipe, defaults, values, everything, cols=cols)
+        too_wide = [line for line in text.splitlines() if len(line) > cols]
+        assert not too_wide, too_wide
+        for name in _presets_of(recipe):
+            assert f"\n  {name} " in text
+    shipped = {p.stem for p in (REPO / "recipes").glob("*.yaml")}
+    assert set().union(*(_presets_of(r) for r in RECIPES)) == shipped
+
+
+def test_an_updater_registered_at_run_time_goes_the_full_way(monkeypatch, capsys):
+    @dataclasses.dataclass(frozen=True)
+    class ProxHparams(Hparams):
+        """FedProx.
+
+        Attributes:
+            mu: μ, the proximal weight.
+        """
+
+        mu: float = 0.1
+
+    cls = type(
+        "Prox",
+        (updater_base.get_updater("fedavg"),),
+        {"hparams_cls": ProxHparams, "__doc__": "FedProx: a test."},
+    )
+    monkeypatch.setattr(cls, "name", "prox_test")
+    monkeypatch.setitem(updater_base._REGISTRY, "prox_test", cls)
+    assert catalog.runtime_extras() == ["prox_test"]
+    cli.main("ds_feddro", DEFAULTS, ["updater=prox_test", "prox_test.mu=0.5", "--help"])
+    out = capsys.readouterr().out
+    assert "prox_test: FedProx: a test." in out
+    assert has_row(out, "prox_test.mu=0.5") and "μ, the proximal weight." in out
+    with pytest.raises(SystemExit):
+        cli.main("ds_feddro", DEFAULTS, ["updater=prox_test", "prox_test.nu=0.5"])
+    assert "prox_test.nu: unknown config key" in capsys.readouterr().err
