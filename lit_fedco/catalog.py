@@ -48,7 +48,12 @@ _RUN_LINE = re.compile(r"^#\s*Run:\s+python -m lit_fedco\.recipes\.(\w+)\b")
 
 @cache
 def load() -> dict[str, Any]:
-    """The committed catalog (:data:`SCHEMA_FILE`)."""
+    """The committed catalog (:data:`SCHEMA_FILE`); built from the dataclasses (importing
+    torch) if the file is missing."""
+    if not SCHEMA_FILE.is_file():
+        from lit_fedco.schema import build
+
+        return build()
     catalog: dict[str, Any] = json.loads(SCHEMA_FILE.read_text(encoding="utf-8"))
     return catalog
 
