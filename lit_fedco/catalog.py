@@ -3,11 +3,11 @@ default and description; :mod:`lit_fedco.schema` writes it), the typed schema re
 the presets, and the checks a command line gets before anything heavy is imported.
 
 :func:`check` merges the same layers as :func:`lit_fedco.config.load_config` (the recipe's
-defaults, the preset and the presets it extends, the command line, each variant) into a schema
-of the same shape, built from dataclasses generated from the catalog. A key the schema does
-not have fails there with the message the full check gives; anything else it cannot judge
-exactly (a malformed argument, a preset that does not load, a value of the wrong type) is left
-to the full check, which runs next in any case.
+defaults, the preset and the presets it extends, the command line) into a schema of the same
+shape, built from dataclasses generated from the catalog. A key the schema does not have fails
+there with the message the full check gives; anything else it cannot judge exactly (a
+malformed argument, a preset that does not load, a value of the wrong type) is left to the
+full check, which runs next in any case.
 
 Imports: the standard library, PyYAML (through OmegaConf) and OmegaConf; never torch.
 """
@@ -18,7 +18,6 @@ import dataclasses
 import difflib
 import json
 import re
-import shlex
 import sys
 from functools import cache
 from pathlib import Path
@@ -195,58 +194,23 @@ def _preset_layers(preset: str, seen: tuple[Path, ...] = ()) -> list[tuple[str, 
     return None if below is None else [*below, (f"preset {path}", layer)]
 
 
-def _merge(argv: list[str], defaults: dict[str, Any] | None) -> DictConfig | None:
-    """:func:`lit_fedco.config.load_config` on the typed schema.
+def _plain(values: Any) -> bool:
+    """No interpolation and no list inside a list or of mappings anywhere in ``values``: the
+    full check resolves and flattens nothing that could fail before it checks names."""
+    if isinstance(values, dict):
+        return all(_plain(v) for v in values.values())
+    if isinstance(values, list):
+        return all(not isinstance(v, list | dict) and _plain(v) for v in values)
+    return not (isinstance(values, str) and "${" in values)
 
-    Returns:
-        The merged config; None where the full check would fail on something other than an
-        unknown key, or where this one cannot tell.
 
-    Raises:
-        ConfigError: an unknown key, an unknown updater or problem name, worded as the full
-            check words them.
-    """
-    cfg = typed_schema()
-    layers: list[tuple[str, Any]] = []
-    if defaults:
-        layers.append(("the recipe's defaults", defaults))
-    dotlist: list[str] = []
-    for arg in argv:
-        if "=" not in arg:
-            return None
-        key, value = arg.split("=", 1)
-        key = key.lstrip("-")
-        if key == "preset":
-            found = _preset_layers(value)
-            if found is None:
-                return None
-            layers.extend(found)
-        elif key == "updater":
-            dotlist.append(f"updaters=[{value}]")
-        else:
-            dotlist.append(f"{key}={value}")
-    try:
-        layers.append(("the command line", OmegaConf.from_dotlist(dotlist)))
-    except Exception:
-        return None
-    for source, layer in layers:
-        try:
-            merged = OmegaConf.merge(cfg, layer)
-        except ConfigKeyError as err:
-            raise unknown_key(err, source) from None
-        except Exception:
-            return None
-        assert isinstance(merged, DictConfig)
-        cfg = merged
+def _check_names(cfg: DictConfig) -> None:
+    """Unknown updater or problem names, worded as ``lit_fedco.updaters.base.get_updater`` and
+    ``lit_fedco.problems.base.get_problem`` word them."""
     nodes = load()["nodes"]
-    try:
-        names = [str(n) for n in cfg.updaters]
-        objective = str(cfg.objective)
-    except Exception:
-        return None
     updaters = sorted(k for k, v in nodes.items() if v["kind"] == "updater")
-    for name in names:
-        if name not in updaters:  # lit_fedco.updaters.base.get_updater's message
+    for name in [str(n) for n in cfg.updaters]:
+        if name not in updaters:
             close = difflib.get_close_matches(name, updaters, n=1)
             hint = f" Did you mean {close[0]!r}?" if close else ""
             raise ConfigError(
@@ -254,35 +218,76 @@ def _merge(argv: list[str], defaults: dict[str, Any] | None) -> DictConfig | Non
                 "Register new updaters with @lit_fedco.register('name')."
             )
     problems = sorted(k for k, v in nodes.items() if v["kind"] == "problem")
-    if objective and objective not in problems:  # lit_fedco.problems.base.get_problem's
+    objective = str(cfg.objective)
+    if objective and objective not in problems:
         raise ConfigError.bad_value(
             "objective", objective, f"one of {problems} (or empty)", "invariant_logreg"
         )
-    return cfg
 
 
 def check(argv: list[str], defaults: dict[str, Any] | None = None) -> DictConfig | None:
-    """The keys of a command line, its preset, the recipe's defaults and every variant
-    against the catalog, as the runner loads them (:func:`lit_fedco.runner.main`).
+    """The keys of a command line, its preset and the recipe's defaults against the catalog,
+    merged as :func:`lit_fedco.config.load_config` merges them.
+
+    Only what the full check is certain to report first is reported: an unknown key that is
+    the input's only merge error (or the first in the recipe's defaults or a preset, which
+    merge before the command line), then an unknown updater or problem name. Anything else (a
+    malformed item, a preset that does not load, a value of the wrong type, two bad items whose
+    order the full check may take differently, the keys of ``variants``) is left to the full
+    check, which runs next in any case.
 
     Returns:
-        The merged config (variants aside); None where the full check must decide.
+        The merged config; None where the full check must decide.
 
     Raises:
-        ConfigError: an unknown key (or updater or problem name), worded as the full check
-            words it.
+        ConfigError: worded as the full check words it.
     """
-    cfg = _merge(argv, defaults)
-    if cfg is None:
-        return None
+    layers: list[tuple[str, Any]] = []
+    if defaults:
+        layers.append(("the recipe's defaults", defaults))
+    items: list[tuple[str, Any]] = []
+    for arg in argv:
+        key, eq, value = arg.partition("=")
+        key = key.lstrip("-")
+        if not eq or not key or not value.strip():
+            return None
+        if key == "preset":
+            found = _preset_layers(value)
+            if found is None or not all(layer for _, layer in found):
+                return None
+            layers.extend(found)
+            continue
+        item = f"updaters=[{value}]" if key == "updater" else f"{key}={value}"
+        try:
+            items.append(("the command line", OmegaConf.from_dotlist([item])))
+        except Exception:
+            return None
+    cfg = typed_schema()
+    error: ConfigError | None = None
+    for i, (source, layer) in enumerate([*layers, *items]):
+        try:
+            merged = OmegaConf.merge(cfg, layer)
+        except ConfigKeyError as err:
+            if error is not None:
+                return None  # two bad items: which is first is the full check's to say
+            error = unknown_key(err, source)
+            if i < len(layers):
+                raise error from None
+            continue
+        except Exception:
+            return None
+        assert isinstance(merged, DictConfig)
+        cfg = merged
+    if error is not None:
+        raise error
     try:
-        variants = [str(v) for v in cfg.variants]
-        extra = [shlex.split(v) for v in variants]
+        if not _plain(OmegaConf.to_container(cfg, resolve=False)):
+            return None
+        _check_names(cfg)
+    except ConfigError:
+        raise
     except Exception:
         return None
-    for items in extra:
-        if _merge([*argv, *items], defaults) is None:
-            return None
     return cfg
 
 
