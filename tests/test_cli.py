@@ -65,7 +65,7 @@ def test_help_describes_the_recipe_without_importing_torch():
     assert not imported & set(HEAVY), sorted(imported & set(HEAVY))
     out = proc.stdout
     assert out.startswith("usage: python -m lit_fedco.recipes.ds_feddro [preset=NAME]")
-    assert "DS-FedDRO against FedDRO, FedAvg-CO and MBSGD on sample-level KL-DRO" in out
+    assert "DS-FedDRO against FedDRO, FedAvg-CO, MBSGD, FastDRO and PDSGD" in out
     for row in [
         "rounds=150", "data.name=digits_st", "model.hidden=32",  # the recipe's keys and values
         "ds_feddro.gamma_x=1.3", "feddro.beta=0.5", "fedavg_co.case=II", "mbsgd.lr=0.1",
