@@ -47,8 +47,13 @@ DEFAULT_COLUMNS = [["val/acc_avg", "val avg acc"], ["val/acc_worst", "val worst 
 
 
 def display(method: str) -> str:
-    """``"fcsg_m [x=1]"`` → ``"FCSG-M [x=1]"``: the paper's name, the variant kept."""
+    """``"fcsg_m [invariant_logreg.m=1 data.rho=0.5]"`` → ``"FCSG-M [m=1, rho=0.5]"``: the
+    paper's name, the variant kept with each key's last part."""
     base, _, rest = method.partition(" ")
+    if rest.startswith("["):
+        items = rest.strip("[]").split()
+        rest = "[" + ", ".join(i.split("=", 1)[0].split(".")[-1] + "=" + i.split("=", 1)[-1]
+                               for i in items) + "]"  # fmt: skip
     return f"{NAMES.get(base, base)} {rest}".strip()
 
 
@@ -119,10 +124,11 @@ def _figure(ncols: int, width: float = 5.0):  # type: ignore[no-untyped-def]
     return fig, list(axes[0])
 
 
-def _save(fig: Any, out: Path, name: str) -> list[Path]:
+def _save(fig: Any, out: Path, name: str, legend_rows: int = 0) -> list[Path]:
     import matplotlib.pyplot as plt
 
-    fig.tight_layout()
+    height = fig.get_size_inches()[1]
+    fig.tight_layout(rect=(0, 0.22 * legend_rows / height, 1, 1))
     paths = [out / f"{name}.png", out / f"{name}.pdf"]
     fig.savefig(paths[0], dpi=150)
     fig.savefig(paths[1])
@@ -165,10 +171,17 @@ def draw(runs: list[dict[str, Any]], out: Path, title: str = "") -> dict[str, An
             ax.grid(alpha=0.3)
             if x == COMM:
                 ax.ticklabel_format(axis="x", style="sci", scilimits=(0, 0))
-        axes[-1].legend(fontsize=8, loc="best")
+        if len(methods) <= 6:
+            axes[-1].legend(fontsize=8, loc="best")
+        else:  # many series: one legend under the panels, where it covers no curve
+            handles, labels = axes[0].get_legend_handles_labels()
+            fig.legend(handles, labels, loc="lower center", ncol=3, fontsize=7, frameon=False)
+            fig.set_size_inches(fig.get_size_inches()[0], 3.8 + 0.22 * ((len(methods) + 2) // 3))
         if title:
             fig.suptitle(f"{title}  (mean ± std over seeds)", fontsize=10)
-        files += _save(fig, out, name)
+        files += _save(
+            fig, out, name, legend_rows=0 if len(methods) <= 6 else (len(methods) + 2) // 3
+        )
     files += _clients(runs, methods, colour, out, title, plotted)
     files += _weights(data, methods, colour, out, title, plotted)
     return {"files": files, "plotted": plotted}
