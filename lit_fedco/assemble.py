@@ -81,10 +81,12 @@ def check_fabric(cfg: DictConfig) -> None:
     kind = "cuda" if cuda and acc in ("cuda", "gpu", "auto") else "cpu"
     kind = "mps" if mps and kind == "cpu" and acc in ("mps", "gpu", "auto") else kind
     if acc != "auto" and kind == "cpu" and acc != "cpu":
+        probes = {"cuda": "torch.cuda.is_available()", "mps": "torch.backends.mps.is_available()"}
+        why = " and ".join(v for k, v in probes.items() if acc in (k, "gpu"))
         raise ConfigError(
             f"accelerator: got {acc!r}, but torch sees no {'GPU' if acc == 'gpu' else acc.upper()}"
-            " device here (torch.cuda.is_available() and torch.backends.mps.is_available() are "
-            "False); set accelerator=cpu (or auto), or run where such a device is visible",
+            f" device here ({why}: False); set accelerator=cpu (or auto), or run where such a "
+            "device is visible",
             key="accelerator",
         )
     count = {"cuda": torch.cuda.device_count(), "mps": 1}.get(kind)
@@ -98,7 +100,7 @@ def check_fabric(cfg: DictConfig) -> None:
     if cfg.num_nodes > 1 and not _multi_node_environment():
         raise ConfigError.bad_value(
             "num_nodes", cfg.num_nodes, "1 outside a multi-node environment (SLURM, torchrun, "
-            "LSF, MPI, Kubeflow, or NODE_RANK and MASTER_ADDR set on every node)", "1",
+            "LSF, MPI, or NODE_RANK and MASTER_ADDR set on every node)", "1",
         )  # fmt: skip
     if cfg.devices * cfg.num_nodes > 1:
         _check_master_port(cfg.num_nodes == 1)
