@@ -45,9 +45,15 @@ def test_recipe_writes_a_wandb_offline_run_and_csv(tmp_path):
     proc = run_offline(tmp_path, "comfedl_dro", *args)
     assert "100%" in proc.stderr  # the progress bar ran to the end
     run_dir = the_run(out, "comfedl_dro")
-    runs = list((run_dir / "wandb").glob("offline-run-*"))
-    assert len(runs) == 1
-    run = read_wandb_offline_run(runs[0])
+    runs = {
+        (r := read_wandb_offline_run(p))["name"]: r
+        for p in (run_dir / "wandb").glob("offline-run-*")
+    }
+    assert sorted(runs) == ["comfedl_dro-comfedl-seed0", "comfedl_dro-figures"]
+    figures = runs["comfedl_dro-figures"]  # the run's figures, as images
+    logged = {key.split(".")[0] for key in figures["summary"]}  # images: curves.width, ...
+    assert {"curves", "communication", "clients", "weights"} <= logged
+    run = runs["comfedl_dro-comfedl-seed0"]
     assert run["config"]["rounds"] == 4 and run["config"]["client_dro"]["form"] == "stable"
     assert run["config"]["client_dro"]["gamma"] == 0.5  # the resolved config
     ran = run["config"]["describe"]  # what ran, under its own key
@@ -121,8 +127,8 @@ def test_comfedl_maml_logs_to_wandb_offline_and_csv_with_the_damaml_weights(tmp_
     proc = run_offline(tmp_path, "comfedl_maml", *args)
     assert "comfedl_damaml" in proc.stdout and "val worst acc" in proc.stdout
     run_dir = the_run(out, "comfedl_maml")
-    (wandb_dir,) = list((run_dir / "wandb").glob("offline-run-*"))
-    run = read_wandb_offline_run(wandb_dir)
+    runs = [read_wandb_offline_run(p) for p in (run_dir / "wandb").glob("offline-run-*")]
+    (run,) = [r for r in runs if r["name"] != "comfedl_maml-figures"]
     assert run["config"]["objective"] == "pfl" and run["config"]["pfl"]["gamma"] == 0.5
     assert run["config"]["describe"]["objective"]["objective"] == "DAMAML"
     assert run["config"]["pfl"]["inner_lr"] == 0.05
