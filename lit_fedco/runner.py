@@ -234,7 +234,9 @@ def main(
     os.environ[RUN_DIR_ENV] = str(run_dir)
     try:
         fabric = make_fabric(cfg, callbacks)
-        return _run(recipe, cfg, configs, seeds, plan, run_dir, fabric, columns)
+        rows = _run(recipe, cfg, configs, seeds, plan, run_dir, fabric, columns)
+        _shut_down(fabric)
+        return rows
     finally:
         if not child:
             os.environ.pop(RUN_DIR_ENV, None)
@@ -355,3 +357,13 @@ def _figures(cfg: DictConfig, run_dir: Path, recipe: str) -> None:
     pngs = [p for p in done["files"] if p.suffix == ".png"]
     if pngs:
         log_figures(list(cfg.tracking), run_dir, f"{recipe}-figures", cfg.project, pngs)
+
+
+def _shut_down(fabric: Any) -> None:
+    """With several processes: wait until rank 0 has written the results and figures, then
+    close the process group on every rank, so that no process exits with the collectives'
+    threads still running (which aborts it)."""
+    if fabric.world_size > 1:
+        fabric.barrier()
+        if torch.distributed.is_initialized():
+            torch.distributed.destroy_process_group()
