@@ -23,6 +23,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import os
 import tempfile
 import time
 from pathlib import Path
@@ -111,6 +112,15 @@ def existing_run_dir(out_dir: Path, recipe: str, run_name: str) -> Path:
             key="run_name",
         )
     return path
+
+
+def sweep(folder: Path) -> None:
+    """Remove the temporary files that atomic writes of a killed process left in ``folder``
+    and below (``.NAME.tmpPID``; never this process's own)."""
+    mine = f".tmp{os.getpid()}"
+    for tmp in folder.rglob(".*.tmp*"):
+        if tmp.is_file() and not tmp.name.endswith(mine):
+            tmp.unlink(missing_ok=True)
 
 
 def write_text(path: Path, text: str) -> None:

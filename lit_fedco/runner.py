@@ -40,6 +40,7 @@ from lit_fedco.rundir import (
     existing_run_dir,
     new_run_dir,
     read_json,
+    sweep,
     write_json,
     write_text,
 )
@@ -312,6 +313,7 @@ def _run(
 def _record_start(cfg: DictConfig, plan: Plan, run_dir: Path) -> None:
     """``config.yaml`` for a new run; one line of ``resumes.jsonl`` for a resumed one, with
     what changed (rounds, and how it executes)."""
+    sweep(run_dir)  # temporary files a killed run's atomic writes left behind
     resolved = OmegaConf.to_container(cfg, resolve=True)
     first = run_dir / "config.yaml"
     if not first.exists():

@@ -40,7 +40,7 @@ from lit_fedco.assemble import (
 from lit_fedco.data import FederatedData, format_partition_stats
 from lit_fedco.executors import make_executor
 from lit_fedco.loop import FederatedLoop
-from lit_fedco.rundir import History, read_json, write_json
+from lit_fedco.rundir import History, read_json, sweep, write_json
 from lit_fedco.state import tree_leaves
 from lit_fedco.tracking import finalize_loggers, make_loggers
 
@@ -193,6 +193,7 @@ def run_sub(
     stats = data.partition_stats()
     if rank0:
         folder.mkdir(parents=True, exist_ok=True)
+        sweep(folder)  # what a killed run's atomic writes left half-done
         write_json(folder / "partition.json", stats)
         if announce:
             print(format_partition_stats(stats), flush=True)
