@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import struct
+import time
 import zlib
 from collections.abc import Iterator
 from pathlib import Path
@@ -62,11 +63,15 @@ def wandb_records(path: str | Path) -> Iterator[bytes]:
             parts = b""
 
 
-def read_wandb_offline_run(run_dir: str | Path) -> dict[str, Any]:
+def read_wandb_offline_run(run_dir: str | Path, wait: float = 0.0) -> dict[str, Any]:
     """What a W&B run wrote to its ``run-<id>.wandb`` file, read with W&B's own protobuf schema.
 
     Args:
         run_dir: the run's folder, e.g. ``<out_dir>/wandb/offline-run-<date>-<id>``.
+        wait: seconds to keep re-reading until the run's exit record is there. W&B's service
+            process writes the file, and ``run.finish()`` can return before its last records
+            reach the disk on a busy machine; a run killed mid-way never gets one, so the
+            default reads once.
 
     Returns:
         ``run_id``, ``project``, ``name``; ``config`` (the logged config, without W&B's own
@@ -75,6 +80,15 @@ def read_wandb_offline_run(run_dir: str | Path) -> dict[str, Any]:
         ``summary`` (the last value of each key); ``exit_code`` (None if the run never ended).
         Values are decoded from JSON; a nested key reads ``a.b``.
     """
+    deadline = time.monotonic() + wait
+    while True:
+        out = _read_run(run_dir)
+        if out["exit_code"] is not None or time.monotonic() >= deadline:
+            return out
+        time.sleep(0.1)
+
+
+def _read_run(run_dir: str | Path) -> dict[str, Any]:
     from wandb.proto import wandb_internal_pb2 as pb
 
     files = sorted(Path(run_dir).glob("run-*.wandb"))

@@ -46,7 +46,7 @@ def test_recipe_writes_a_wandb_offline_run_and_csv(tmp_path):
     assert "100%" in proc.stderr  # the progress bar ran to the end
     run_dir = the_run(out, "comfedl_dro")
     runs = {
-        (r := read_wandb_offline_run(p))["name"]: r
+        (r := read_wandb_offline_run(p, wait=60))["name"]: r
         for p in (run_dir / "wandb").glob("offline-run-*")
     }
     assert sorted(runs) == ["comfedl_dro-comfedl-seed0", "comfedl_dro-figures"]
@@ -127,7 +127,7 @@ def test_comfedl_maml_logs_to_wandb_offline_and_csv_with_the_damaml_weights(tmp_
     proc = run_offline(tmp_path, "comfedl_maml", *args)
     assert "comfedl_damaml" in proc.stdout and "val worst acc" in proc.stdout
     run_dir = the_run(out, "comfedl_maml")
-    runs = [read_wandb_offline_run(p) for p in (run_dir / "wandb").glob("offline-run-*")]
+    runs = [read_wandb_offline_run(p, wait=60) for p in (run_dir / "wandb").glob("offline-run-*")]
     (run,) = [r for r in runs if r["name"] != "comfedl_maml-figures"]
     assert run["config"]["objective"] == "pfl" and run["config"]["pfl"]["gamma"] == 0.5
     assert run["config"]["describe"]["objective"]["objective"] == "DAMAML"

@@ -66,7 +66,7 @@ def test_wandb_offline_round_trip(tmp_path, monkeypatch, no_credentials):
     assert list(cwd.iterdir()) == []
 
     (run_dir,) = (out / "wandb").glob("offline-run-*")
-    run = read_wandb_offline_run(run_dir)
+    run = read_wandb_offline_run(run_dir, wait=60)
     assert run["name"] == "rec-comfedl-seed0" and run["project"] == "lit_fedco-test"
     assert run["config"] == CONFIG and run["exit_code"] == 0
     added = {"_step", "_runtime", "_timestamp", "trainer/global_step"}  # by W&B and Lightning
