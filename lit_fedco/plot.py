@@ -171,9 +171,10 @@ def draw(runs: list[dict[str, Any]], out: Path, title: str = "") -> dict[str, An
             ax.grid(alpha=0.3)
             if x == COMM:
                 ax.ticklabel_format(axis="x", style="sci", scilimits=(0, 0))
-        if len(methods) <= 6:
+        named = bool(axes[-1].get_legend_handles_labels()[0])  # none: every method diverged
+        if named and len(methods) <= 6:
             axes[-1].legend(fontsize=8, loc="best")
-        else:  # many series: one legend under the panels, where it covers no curve
+        elif named:  # many series: one legend under the panels, where it covers no curve
             handles, labels = axes[0].get_legend_handles_labels()
             fig.legend(handles, labels, loc="lower center", ncol=3, fontsize=7, frameon=False)
             fig.set_size_inches(fig.get_size_inches()[0], 3.8 + 0.22 * ((len(methods) + 2) // 3))

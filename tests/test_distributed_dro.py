@@ -251,3 +251,47 @@ def test_bad_objective_settings_raise_config_errors():
         SampleDROParams(lam=0.0)
     with pytest.raises(ConfigError, match="kind: got 'cvar'"):
         SampleDROParams(kind="cvar")
+
+
+@pytest.mark.parametrize(("kind", "lam"), [("kl", 1.0), ("kl", 0.05), ("chi2", 3.0)])
+def test_objective_metric_is_eq2_over_the_clients_full_data(kind, lam):
+    """``val/objective`` of the sample_dro problem: Φ = mean_k h_k + f(mean_k g_k) with g_k,
+    h_k the means of client k's rows, computed here from the definition (float64; the KL form
+    by log-sum-exp, the χ² form from its h, g, f), rows fed in chunks that mix clients and one
+    client without rows."""
+    from lit_fedco.problems.dro import DistributedObjectiveValue
+
+    gen = torch.Generator().manual_seed(3)
+    sizes = [5, 1, 0, 9]
+    owner = torch.cat([torch.full((n,), k) for k, n in enumerate(sizes)])
+    logits = torch.randn(len(owner), 4, generator=gen, dtype=torch.float64) * 3
+    target = torch.randint(0, 4, (len(owner),), generator=gen)
+    perm = torch.randperm(len(owner), generator=gen)
+    obj = make_distributed_objective(kind, torch.nn.Identity(), lam)
+    metric = DistributedObjectiveValue(obj, num_clients=len(sizes))
+    for chunk in perm.split(4):
+        metric.update(logits[chunk].float(), target[chunk], owner[chunk])
+    losses = torch.nn.functional.cross_entropy(logits.float().double(), target, reduction="none")
+    per = [losses[owner == k] for k in range(len(sizes)) if sizes[k]]
+    if kind == "kl":  # λ log mean_k mean_{i∈k} exp(ℓ_i/λ)
+        lse = torch.stack([torch.logsumexp(p / lam, 0) - math.log(len(p)) for p in per])
+        want = lam * (torch.logsumexp(lse, 0) - math.log(len(per)))
+    else:  # mean_k mean(ℓ + ℓ²/2λ) − (mean_k mean ℓ)²/2λ
+        h = torch.stack([(p + p**2 / (2 * lam)).mean() for p in per]).mean()
+        g = torch.stack([p.mean() for p in per]).mean()
+        want = h - g**2 / (2 * lam)
+    assert float(metric.compute()) == pytest.approx(float(want), rel=1e-12)
+
+
+def test_objective_metric_with_equal_clients_is_the_union_dro_value():
+    """With equal client sizes, Φ is the DRO value over the union of the rows (eq. 3-4)."""
+    from lit_fedco.problems.dro import DistributedObjectiveValue
+
+    gen = torch.Generator().manual_seed(4)
+    owner = torch.arange(3).repeat_interleave(6)
+    logits = torch.randn(18, 3, generator=gen, dtype=torch.float64)
+    target = torch.randint(0, 3, (18,), generator=gen)
+    metric = DistributedObjectiveValue(KLSampleDRO(torch.nn.Identity(), 0.5), num_clients=3)
+    metric.update(logits, target, owner)
+    losses = torch.nn.functional.cross_entropy(logits, target, reduction="none")
+    assert float(metric.compute()) == pytest.approx(float(kl_sample_value(losses, 0.5)), rel=1e-12)

@@ -85,6 +85,7 @@ TINY: dict[str, tuple[Callable[..., FederatedLoop], dict]] = {
     "feddro": (plain, {"lr": 0.05, "beta": 0.3}),
     "ds_feddro": (plain, {"lr": 0.05, "beta": 0.3, "gamma_x": 1.3, "gamma_y": 1.4}),
     "fedavg_co": (plain, {"lr": 0.05, "case": "II"}),
+    "fedavg_co_i": (plain, {"lr": 0.05}),
     "mbsgd": (plain, {"lr": 0.05}),
     "fastdro": (plain, {"lr": 0.05, "estimator": "mlmc", "mlmc_levels": 2}),
     "pdsgd": (plain, {"lr": 0.05, "lr_dual": 0.5, "beta": 1.0}),

@@ -28,7 +28,7 @@ pytestmark = pytest.mark.slow
 # ds_feddro on the embedded digits, small: 8 clients, FedDRO's per-step all-reduce and
 # DS-FedDRO's server steps; every round takes a few tens of milliseconds
 ARGS = [
-    "updaters=[feddro,ds_feddro]", "rounds=24", "eval_every=6", "checkpoint_every=3",
+    "updaters=[feddro,ds_feddro]", "seeds=[0]", "rounds=24", "eval_every=6", "checkpoint_every=3",
     "checkpoint_keep=2", "tracking=[none]", "progress=false", "dtype=float64", "threads=1",
 ]  # fmt: skip
 

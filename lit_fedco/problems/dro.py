@@ -6,10 +6,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from torch import nn
+import torch
+from torch import Tensor, nn
+from torchmetrics import Metric
 
 from lit_fedco.objectives.base import Objective
-from lit_fedco.objectives.distributed import DISTRIBUTED_OBJECTIVES, make_distributed_objective
+from lit_fedco.objectives.distributed import (
+    DISTRIBUTED_OBJECTIVES,
+    DistributedObjective,
+    make_distributed_objective,
+)
 from lit_fedco.objectives.dro import FORMS, ClientKLDRO
 from lit_fedco.problems.base import Problem, ProblemParams, register_problem
 
@@ -80,3 +86,58 @@ class SampleDROProblem(Problem):
             "distributed": make_distributed_objective(p.kind, model, p.lam),
             "erm": Objective(model),
         }
+
+    def eval_metrics(self) -> dict[str, Metric]:
+        """``objective``: the DRO objective Φ(x) of eq. (2) on each split's full data, whatever
+        the updater trained (:class:`DistributedObjectiveValue`)."""
+        p = self.params
+        assert isinstance(p, SampleDROParams)
+        objective = make_distributed_objective(p.kind, nn.Identity(), p.lam)
+        return {"objective": DistributedObjectiveValue(objective, self.data.num_clients)}
+
+
+class DistributedObjectiveValue(Metric):
+    """``Φ(x) = (1/K) Σ_k h_k(x) + f((1/K) Σ_k g_k(x))`` (FedDRO paper eq. 2) with ``g_k``,
+    ``h_k`` the means over *all* of client k's rows of the split: the quantity the FedDRO
+    family minimises, evaluated exactly (no minibatch), so that methods are compared on their
+    objective and not only on accuracy.
+
+    ``update(logits, target, client)`` keeps each row's per-sample loss (float64) and client;
+    ``compute()`` forms each client's ``g_k`` in the unit-free probe form and combines them in
+    the units the objective picks from them (the KL shift: no overflow), exactly as a round's
+    cohort mean is formed. Clients without rows in the split are left out of the means.
+
+    Args:
+        objective: the distributed objective (its λ and kind; the model is not used).
+        num_clients: K.
+    """
+
+    full_state_update = False
+    higher_is_better = False
+    is_differentiable = False
+
+    def __init__(self, objective: DistributedObjective, num_clients: int, **kwargs: object) -> None:
+        super().__init__(**kwargs)  # type: ignore[arg-type]
+        self.objective = objective
+        self.num_clients = num_clients
+        self.add_state("losses", [], dist_reduce_fx="cat")
+        self.add_state("clients", [], dist_reduce_fx="cat")
+
+    def update(self, logits: Tensor, target: Tensor, client: Tensor) -> None:  # type: ignore[override]
+        losses = self.objective.sample_loss(logits.detach().to(torch.float64), target)
+        self.losses.append(losses)  # type: ignore[union-attr,operator]
+        self.clients.append(client.detach().long())  # type: ignore[union-attr,operator]
+
+    def compute(self) -> Tensor:  # type: ignore[override]
+        from torchmetrics.utilities import dim_zero_cat
+
+        losses = dim_zero_cat(self.losses)  # type: ignore[arg-type]
+        clients = dim_zero_cat(self.clients)  # type: ignore[arg-type]
+        obj = self.objective
+        parts = [losses[clients == k] for k in range(self.num_clients)]
+        parts = [part for part in parts if len(part)]
+        probes = torch.stack([obj.probe_of_losses(part) for part in parts])
+        units = obj.units(probes)
+        g = obj.cohort_mean(probes, units)
+        h = torch.stack([obj.h_of_losses(part, units) for part in parts]).mean()
+        return obj.f(g, units) + h

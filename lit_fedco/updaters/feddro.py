@@ -39,7 +39,7 @@ from lit_fedco.objectives.distributed import (
 )
 from lit_fedco.protocol import RoundContext, RoundInfo, Sync
 from lit_fedco.state import State, tree_axpy
-from lit_fedco.updaters.base import CompositionalUpdater, Hparams, register
+from lit_fedco.updaters.base import CompositionalUpdater, Hparams, combine, register
 
 FEDAVG_CO_CASES = ("I", "II")
 
@@ -308,6 +308,32 @@ class FedAvgCO(DistributedUpdater[FedAvgCOHparams]):
     def upload(self, state: State) -> State:
         """x, and in case II y (case I restarts every round from the clients' own values)."""
         return {"x": state["x"], "y": state["y"]} if self.y_mode == "carried" else {"x": state["x"]}
+
+
+@dataclass(frozen=True)
+class FedAvgCOCaseIHparams(FedAvgCOHparams):
+    """FedAvg-CO, case I (Algorithm 1, step 7): only x is shared.
+
+    Attributes:
+        case: ``"I"`` (the only value accepted: ``fedavg_co`` with ``case=II`` is the other).
+    """
+
+    case: str = "I"
+
+    def validate(self) -> None:
+        super().validate()
+        self.require("case", self.case == "I", "I (fedavg_co runs case II)", "I")
+
+
+FedAvgCOCaseI = combine(
+    "fedavg_co_i",
+    FedAvgCO,
+    compositions=FedAvgCO.compositions,
+    hparams_cls=FedAvgCOCaseIHparams,
+    doc="Vanilla FedAvg for CO, case I (Algorithm 1): each client restarts every round from "
+    "its own ``y_k = g_k(x̄; ζ')`` and only x is averaged; beside ``fedavg_co`` (case II) so "
+    "that one run can compare both cases.",
+)
 
 
 @dataclass(frozen=True)
