@@ -30,13 +30,15 @@ NAMES = {
     "comfedl": "ComFedL", "comfedl_maml": "ComFedL-MAML", "comfedl_damaml": "ComFedL-DAMAML",
     "fedavg": "FedAvg", "drfl": "DRFL", "qfedavg": "q-FedAvg", "fedmaml": "FedMAML (Per-FedAvg)",
     "tr_maml": "TR-MAML", "ditto": "Ditto", "feddro": "FedDRO", "ds_feddro": "DS-FedDRO",
-    "fedavg_co": "FedAvg-CO", "mbsgd": "MBSGD", "fcsg": "FCSG", "fcsg_m": "FCSG-M",
+    "fedavg_co": "FedAvg-CO (II)", "fedavg_co_i": "FedAvg-CO (I)", "mbsgd": "MBSGD",
+    "fcsg": "FCSG", "fcsg_m": "FCSG-M",
     "acc_fcsg_m": "Acc-FCSG-M", "local_scgd": "Local-SCGD", "local_scgdm": "Local-SCGDM",
     "coda_plus": "CODA+", "fastdro": "FastDRO", "pdsgd": "PDSGD", "gcivr": "GCIVR",
 }  # fmt: skip
 """The papers' names of the registered updaters (others are shown as registered)."""
 COMM = "comm/total_floats_per_client"
 LABELS = {
+    "train/objective": "DRO objective Φ (training data)",
     "val/acc_avg": "average client accuracy (validation)",
     "val/acc_worst": "worst-client accuracy (validation)",
     "val/class_acc_worst": "worst-class accuracy (validation)",
