@@ -30,6 +30,7 @@ from lit_fedco.assemble import (
     make_fabric,
 )
 from lit_fedco.config import load_config, variant_configs
+from lit_fedco.cpu_memory import keep_freed_memory
 from lit_fedco.errors import ConfigError
 from lit_fedco.helptext import HELP_FLAGS, print_help
 from lit_fedco.rundir import (
@@ -232,6 +233,7 @@ def main(
     os.environ.setdefault("WANDB_SILENT", "true")
     if cfg.threads > 0:
         torch.set_num_threads(cfg.threads)
+    keep_freed_memory()  # a round's large temporaries reuse warm heap pages (cpu_memory.py)
     os.environ[RUN_DIR_ENV] = str(run_dir)
     try:
         fabric = make_fabric(cfg, callbacks)
