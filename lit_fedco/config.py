@@ -35,9 +35,11 @@ class DataConfig:
 
     Attributes:
         name: ``digits`` (embedded, scikit-learn), ``mnist`` or ``fashion_mnist`` (local files),
-            or a step-imbalanced ``digits_st``, ``cifar10_st``, ``cifar100_st``.
+            a step-imbalanced ``digits_st``, ``cifar10_st``, ``cifar100_st``, or ``adult``
+            (UCI Adult, embedded; targets carry the protected group, ``protected``).
         data_dir: folder with the IDX files for mnist / fashion_mnist, or with
-            ``cifar-10-batches-py/`` / ``cifar-100-python/`` for CIFAR.
+            ``cifar-10-batches-py/`` / ``cifar-100-python/`` for CIFAR, or with
+            ``adult.data[.gz]`` and ``adult.test[.gz]`` for adult (empty: the embedded copy).
         partition: ``quantity`` (ComFedL: one big client, K−1 small ones), ``iid``,
             ``dirichlet`` or ``dominant_class``.
         num_clients: K.
@@ -64,6 +66,7 @@ class DataConfig:
             (0: a disjoint share of the training classes).
         heldout_classes: partition ``classes`` on ``digits``: base classes kept for the
             evaluation tasks (Omniglot uses its 1028/172/423 split).
+        protected: ``adult``'s protected attribute, ``sex`` (2 groups) or ``race`` (5).
     """
 
     name: str = "digits"
@@ -86,6 +89,7 @@ class DataConfig:
     rotations: int = 1
     classes_per_client: int = 0
     heldout_classes: int = 3
+    protected: str = "sex"
 
 
 @dataclass
