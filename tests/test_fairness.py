@@ -211,6 +211,7 @@ def fair_loop(name: str, hparams: dict, data, **kw) -> FederatedLoop:
         ("ds_feddro", {"lr": 0.1, "beta": 0.5, "gamma_x": 1.3, "gamma_y": 1.4}),
         ("fedavg_co", {"lr": 0.1}),
         ("mbsgd", {"lr": 0.1}),
+        ("gcivr", {"lr": 0.1, "q": 2, "refresh_batches": 2}),
         ("fedavg", {"lr": 0.1, "local_steps": 1}),
     ],
 )
