@@ -185,6 +185,27 @@ def test_violation_metric_matches_numpy():
 
 
 # ---------------------------------------------------------------------- the problem
+def test_objective_metric_is_phi_on_the_split(tmp_path):
+    """``<split>/objective`` = mean_k h_k + f(mean_k g_k) over the split's rows (equal clients),
+    fed in chunks."""
+    data = tiny_adult(tmp_path, n=96).to("cpu", torch.float64)
+    params = FairnessParams(lam=7.0, tau=0.3, slack=0.01)
+    problem = FairnessProblem(params, data)
+    net = build_model("logreg", (data.x_train.shape[1],), 2, seed=2).double()
+    obj = problem.objective_for(("distributed",), net)
+    x = model_params(net)
+    parts = [obj.parts(x, {"x": xs, "y": ys}, {}) for xs, ys in
+             (data.client_slice(k) for k in range(data.num_clients))]  # fmt: skip
+    phi = torch.stack([p[1] for p in parts]).mean() + obj.f(
+        torch.stack([p[0] for p in parts]).mean(0), {}
+    )
+    metric = problem.eval_metrics()["objective"]
+    logits = net(data.x_train).detach()
+    for i in range(0, 96, 40):
+        metric.update(logits[i : i + 40], data.y_train[i : i + 40], torch.zeros(40).long())
+    assert float(metric.compute()) == pytest.approx(float(phi), rel=1e-10)
+
+
 def test_fairness_needs_targets_with_a_group():
     with pytest.raises(ConfigError, match=r"data\.name=adult"):
         FairnessProblem(FairnessParams(), digits_data())
@@ -223,7 +244,7 @@ def test_every_method_of_the_comparison_runs_on_fairness(tmp_path, name, hparams
     loop = fair_loop(name, hparams, data)
     loop.run()
     logs = loop.history[-1]
-    assert {"train/violation", "val/violation", "val/acc_pooled"} <= set(logs)
+    assert {"train/violation", "val/violation", "val/acc_pooled", "train/objective"} <= set(logs)
     assert isinstance(loop.updater.objective, EqualOpportunity) == (name != "fedavg")
     x = loop.updater.eval_params(loop.server)
     logits = torch.func.functional_call(loop.updater.model, x, (data.x_train.double(),))
