@@ -25,8 +25,8 @@ class FairnessParams(ProblemParams):
     """Equality of opportunity as a penalty on smoothed TPR gaps; config node ``fairness``.
 
     Attributes:
-        lam: λ > 0, the weight of the squared gaps (10: comparable to the cross-entropy at
-            Adult's unconstrained gaps; :mod:`lit_fedco.objectives.fairness`).
+        lam: λ > 0, the weight of the squared gaps (10: at the unconstrained solution on Adult
+            the penalty is about half the cross-entropy; :mod:`lit_fedco.objectives.fairness`).
         tau: τ > 0, the smoothing temperature of the predictions ``σ(z/τ)``.
         slack: κ ≥ 0, the gap tolerated before the penalty starts (0: plain squared gaps).
         floor: ε > 0, the least value a positive share (``P(y=1)``, ``P(y=1, A=a)``) is read
