@@ -88,3 +88,64 @@ def test_on_a_deterministic_problem_the_estimates_are_exact_and_gcivr_is_gradien
         reference = {k: reference[k] - lr * step[k] for k in reference}
         torch.testing.assert_close(server["x"], reference, rtol=1e-10, atol=1e-12)
     assert loop.round == 6
+
+
+def _stochastic_loop(tmp_path, q: int, parts: int, batch: int):
+    data = tiny_adult(tmp_path, num_clients=4, n=96)
+    net = build_model("logreg", (data.x_train.shape[1],), 2, seed=0).double()
+    problem = FairnessProblem(FairnessParams(lam=5.0), data)
+    obj = problem.objective_for(GCIVR.compositions, net)
+    upd = GCIVR(GCIVRHparams(lr=0.3, q=q, refresh_batches=parts), net, obj)
+    cfg = LoopConfig(rounds=1, local_steps=1, cohort=4, batch_size=batch, eval_every=100,
+                     progress=False)  # fmt: skip
+    loop = FederatedLoop(Fabric(accelerator="cpu", devices=1), upd, data, cfg,
+                         make_executor("sequential"), torch.float64, problem)  # fmt: skip
+    return loop, obj
+
+
+def test_the_recursion_on_sampled_batches_is_its_formula(tmp_path):
+    """Round 0 refreshes, round 1 recurses on fresh minibatches S_k (24 rows per client, batches
+    of 6): y₁ = y₀ + mean_k [g_k(x₁; S_k) − g_k(x₀; S_k)] and likewise J and v, with the batches
+    the loop's sampler drew for round 1, recomputed here."""
+    loop, _obj = _stochastic_loop(tmp_path, q=5, parts=2, batch=6)
+    loop.run_round()
+    y0, j0, v0, x0 = (loop.server[k] for k in ("y", "J", "v", "x_prev"))
+    x1 = loop.server["x"]
+    loop.run_round()
+    assert torch.equal(torch.cat([t.flatten() for t in loop.server["x_prev"].values()]),
+                       torch.cat([t.flatten() for t in x1.values()]))  # fmt: skip
+    idx = loop.sampler.sample_round(torch.arange(4), 1, 1, loop.updater.batch_roles, 6)[0, 0]
+    data = loop.data
+    dy, dj, dv = 0.0, {k: 0.0 for k in x0}, {k: 0.0 for k in x0}
+    for k in range(4):
+        batch = {"x": data.x_train[idx[k]], "y": data.y_train[idx[k]]}
+        g1, jac1, h1, _ = loop.updater.pieces(x1, batch, {})
+        g0, jac0, h0, _ = loop.updater.pieces(x0, batch, {})
+        dy = dy + (g1 - g0) / 4
+        dj = {n: dj[n] + (jac1[n] - jac0[n]) / 4 for n in x0}
+        dv = {n: dv[n] + (h1[n] - h0[n]) / 4 for n in x0}
+    torch.testing.assert_close(loop.server["y"], y0 + dy, rtol=1e-10, atol=1e-12)
+    for n in x0:
+        torch.testing.assert_close(loop.server["J"][n], j0[n] + dj[n], rtol=1e-10, atol=1e-12)
+        torch.testing.assert_close(loop.server["v"][n], v0[n] + dv[n], rtol=1e-10, atol=1e-12)
+    assert not torch.allclose(dy, torch.zeros_like(dy))  # the recursion moved the estimate
+
+
+def test_batch_schedule_large_refresh_small_recursion(tmp_path, monkeypatch):
+    """q = 2, J = 3, b = 4: the client step sees 12 rows at rounds 0, 2, 4 (one evaluation) and
+    4 rows at rounds 1, 3 (two evaluations, at x_t and x_{t−1})."""
+    loop, _ = _stochastic_loop(tmp_path, q=2, parts=3, batch=4)
+    seen: list[list[int]] = []
+    real = loop.updater.pieces
+
+    def pieces(x, batch, ctx):  # type: ignore[no-untyped-def]
+        seen[-1].append(int(batch["x"].shape[0]))
+        return real(x, batch, ctx)
+
+    monkeypatch.setattr(loop.updater, "pieces", pieces)
+    per_round = []
+    for _ in range(5):
+        seen.append([])
+        loop.run_round()
+        per_round.append([*sorted(set(seen[-1])), len(seen[-1]) // 4])  # sizes, calls/client
+    assert per_round == [[12, 1], [4, 2], [12, 1], [4, 2], [12, 1]]
