@@ -25,8 +25,9 @@ estimate of the composite gradient is not a recursion on a quantity whose outer 
 changes. Batch schedule: S₂ is a client's minibatch of b rows (the run's ``batch_size``), S₁
 ``refresh_batches`` such minibatches (J b rows), refreshed every ``q`` rounds. The paper's
 finite-sum schedule (S₁ = all m rows, S₂ = q = √m) is ``refresh_batches = n_k / b``,
-``q = √m``; the defaults (J = q = 8) keep the per-step cost near 2× a plain step, as
-SPIDER's ``|S₁| = q |S₂|`` does.
+``q = √m``; the defaults (J = q = 8, SPIDER's ``|S₁| = q |S₂|``) cost on average
+``(J + 2(q − 1))/q ≈ 2.75`` minibatch evaluations per round, each with a Jacobian (p + 1
+backward passes), against one evaluation and one backward pass for a plain step.
 
 **Distributed, "parallel".** Like MBSGD and the FedDRO paper's other parallel baselines (I = 1,
 "the overall gradient computation is K times larger"), one round is one step of the
@@ -99,7 +100,9 @@ def civr_direction(jac: Params, grad_h: Params, cot: Tensor) -> Params:
 
 @register("gcivr")
 class GCIVR(DistributedUpdater[GCIVRHparams]):
-    """GCIVR (Haddadpour et al. 2022), parallel over the cohort (module docstring).
+    """GCIVR (Haddadpour et al. 2022): recursive estimates of g, ∇g, ∇h refreshed every q rounds.
+
+    Parallel over the cohort (module docstring: what was assumed, and why).
 
     One round r (I = 1), with refresh rounds ``r ≡ 0 (mod q)``::
 
