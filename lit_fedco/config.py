@@ -35,11 +35,14 @@ class DataConfig:
 
     Attributes:
         name: ``digits`` (embedded, scikit-learn), ``mnist`` or ``fashion_mnist`` (local files),
-            or a step-imbalanced ``digits_st``, ``cifar10_st``, ``cifar100_st``.
+            a step-imbalanced ``digits_st``, ``cifar10_st``, ``cifar100_st``, or ``adult``
+            (UCI Adult, embedded; targets carry the protected group, ``protected``).
         data_dir: folder with the IDX files for mnist / fashion_mnist, or with
-            ``cifar-10-batches-py/`` / ``cifar-100-python/`` for CIFAR.
+            ``cifar-10-batches-py/`` / ``cifar-100-python/`` for CIFAR, or with
+            ``adult.data[.gz]`` and ``adult.test[.gz]`` for adult (empty: the embedded copy).
         partition: ``quantity`` (ComFedL: one big client, K−1 small ones), ``iid``,
-            ``dirichlet`` or ``dominant_class``.
+            ``dirichlet`` or ``dominant_class`` (``*_st`` and ``adult``: ``iid`` or
+            ``dirichlet``).
         num_clients: K.
         big: training samples of the big client (quantity split; the paper: 5000).
         small: training samples of each small client (the paper: 20).
@@ -64,6 +67,7 @@ class DataConfig:
             (0: a disjoint share of the training classes).
         heldout_classes: partition ``classes`` on ``digits``: base classes kept for the
             evaluation tasks (Omniglot uses its 1028/172/423 split).
+        protected: ``adult``'s protected attribute, ``sex`` (2 groups) or ``race`` (5).
     """
 
     name: str = "digits"
@@ -86,6 +90,7 @@ class DataConfig:
     rotations: int = 1
     classes_per_client: int = 0
     heldout_classes: int = 3
+    protected: str = "sex"
 
 
 @dataclass
@@ -136,10 +141,10 @@ class RunConfig:
         resume: ``auto`` (continue the run ``run_name`` from its newest valid checkpoints) or a
             checkpoint file (one updater, one seed); empty: a new run.
         objective: a registered problem (``client_dro``, ``sample_dro``, ``pfl``,
-            ``invariant_logreg``, ``auprc``, ``maml``) whose objectives every updater trains,
-            with its parameters under its name; empty: each updater's default problem
-            (``client_dro`` for ComFedL, ``sample_dro`` for the FedDRO family, ``pfl`` for the
-            MAML methods) or plain empirical risk.
+            ``invariant_logreg``, ``auprc``, ``maml``, ``fairness``) whose objectives every
+            updater trains, with its parameters under its name; empty: each updater's default
+            problem (``client_dro`` for ComFedL, ``sample_dro`` for the FedDRO family, ``pfl``
+            for the MAML methods) or plain empirical risk.
         variants: run everything once per entry, each a space-separated list of
             ``key=value`` overrides applied after the command line (e.g.
             ``"invariant_logreg.m=100"``); empty: one run of the config as it is.

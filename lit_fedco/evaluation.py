@@ -18,6 +18,7 @@ from torch import Tensor
 from lit_fedco.data import FederatedData
 from lit_fedco.executors import Executor
 from lit_fedco.metrics import PerClientClassification
+from lit_fedco.objectives.base import class_labels
 from lit_fedco.problems import Problem
 from lit_fedco.protocol import Sync
 from lit_fedco.round import ClientStore
@@ -150,7 +151,7 @@ class Evaluator:
             for extra in extras.values():
                 extra.reset()
             for logits, target, who in self._outputs(params, split):
-                metric.update(logits, target, who)
+                metric.update(logits, class_labels(target, logits), who)  # the extras: all columns
                 for extra in extras.values():
                     extra.update(logits, target, who)
             for name, extra in extras.items():

@@ -231,3 +231,60 @@ class PooledAveragePrecision(Metric):
         # to scores outside [0, 1], which ties large scores (sigmoid(40) == 1 in float64).
         lo, span = scores.min(), (scores.max() - scores.min()).clamp_min(1e-300)
         return binary_average_precision((scores - lo) / span, targets)
+
+
+def tpr_violation(tp: Tensor, pos: Tensor) -> Tensor:
+    """``max_a |TPR − TPR_a|`` from per-group true positives and positives ``[G]`` (the
+    functional twin of :class:`TPRGapViolation`): ``TPR = Σ tp / Σ pos`` over all groups,
+    ``TPR_a = tp_a / pos_a``; groups without positives are left out; NaN with no positive."""
+    tp, pos = tp.to(torch.float64), pos.to(torch.float64)
+    has = pos > 0
+    if not bool(has.any()):
+        return _nan(tp)
+    overall = tp.sum() / pos.sum()
+    return (overall - tp[has] / pos[has]).abs().max()
+
+
+class TPRGapViolation(Metric):
+    """Equality-of-opportunity violation of a binary classifier: the largest gap between the
+    overall true positive rate and a protected group's (FedDRO §6, after Haddadpour et al.
+    2022), with hard predictions ``ŷ = 1(logit₁ > logit₀)``.
+
+    ``update(logits [n, 2], target [n, 2], client [n])`` reads the label from ``target[:, 0]``
+    and the group from ``target[:, 1]`` and adds each positive row to its group's sums
+    (``tp``: predicted positive, ``pos``: all); ``compute()`` is :func:`tpr_violation` of the
+    synced sums.
+
+    Args:
+        num_groups: G.
+    """
+
+    full_state_update = False
+    higher_is_better = False
+    is_differentiable = False
+
+    tp: Tensor
+    pos: Tensor
+
+    def __init__(self, num_groups: int, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.num_groups = _positive_int("num_groups", num_groups)
+        i64 = torch.int64
+        self.add_state("tp", torch.zeros(self.num_groups, dtype=i64), dist_reduce_fx="sum")
+        self.add_state("pos", torch.zeros(self.num_groups, dtype=i64), dist_reduce_fx="sum")
+
+    def update(self, logits: Tensor, target: Tensor, client: Tensor) -> None:  # type: ignore[override]
+        if target.dim() != 2 or target.shape[1] < 2:
+            raise ValueError(
+                "TPRGapViolation.update: expected targets [n, 2] (label, protected group), got "
+                f"{tuple(target.shape)}; run it on data whose targets carry the group "
+                "(data.name=adult)"
+            )
+        positive = target[:, 0] == 1
+        group = target[positive, 1]
+        hit = (logits[positive, 1] > logits[positive, 0]).to(torch.int64)
+        self.tp.index_add_(0, group, hit)
+        self.pos.index_add_(0, group, torch.ones_like(hit))
+
+    def compute(self) -> Tensor:  # type: ignore[override]
+        return tpr_violation(self.tp, self.pos)

@@ -145,3 +145,37 @@ def test_comfedl_maml_logs_to_wandb_offline_and_csv_with_the_damaml_weights(tmp_
     rows = list(csv.DictReader((run_dir / "comfedl_damaml-seed0" / "metrics.csv").open()))
     assert len(rows) == 2
     assert float(rows[-1]["dro/weight_client0"]) == pytest.approx(weights[0])
+
+
+def test_feddro_fairness_on_tiny_adult_files(tmp_path):
+    """The fairness recipe on tiny files in the UCI Adult format: a table row per method with
+    the violation columns, and the logged test violation is the final model's, computed here
+    from its predictions on the test rows."""
+    from lit_fedco.recipes.feddro_fairness import DEFAULTS as FAIR
+    from tests.helpers import run_recipe
+    from tests.test_adult import write_adult
+    from tests.test_fairness import random_rows
+
+    folder = write_adult(tmp_path / "adult", train=random_rows(64, 0),
+                         test=random_rows(32, 1, test=True))  # fmt: skip
+    out = tmp_path / "out"
+    args = [
+        f"data.data_dir={folder}", "data.num_clients=4", "cohort=4", "rounds=4", "eval_every=2",
+        "seeds=[0]", "batch_size=4", "gcivr.q=2", "gcivr.refresh_batches=2",
+    ]  # fmt: skip
+    results, stdout = run_recipe("feddro_fairness", out, 1, *args)
+    table = stdout.split("final metrics per method")[1].splitlines()
+    assert "test violation" in table[1]
+    assert [line.split()[0] for line in table[3:7]] == ["feddro", "ds_feddro", "gcivr", "fedavg"]
+    cfg = load_config(args, FAIR)
+    data = build_data(cfg, 0).to("cpu", DTYPES[cfg.dtype])
+    model = build_model("logreg", tuple(data.x_train.shape[1:]), 2, 0)
+    run_dir = the_run(out, "feddro_fairness")
+    for name in FAIR["updaters"]:
+        ckpt = final_checkpoint(run_dir / f"{name}-seed0")
+        with torch.no_grad():
+            logits = torch.func.functional_call(model, ckpt["loop"]["server"]["x"], (data.x_val,))
+        pred = (logits[:, 1] > logits[:, 0]).numpy()
+        label, group = data.y_val[:, 0].numpy() == 1, data.y_val[:, 1].numpy()
+        gaps = [abs(pred[label].mean() - pred[label & (group == a)].mean()) for a in (0, 1)]
+        assert results["results"][name][0]["val/violation"] == pytest.approx(max(gaps), abs=1e-12)

@@ -89,6 +89,7 @@ TINY: dict[str, tuple[Callable[..., FederatedLoop], dict]] = {
     "mbsgd": (plain, {"lr": 0.05}),
     "fastdro": (plain, {"lr": 0.05, "estimator": "mlmc", "mlmc_levels": 2}),
     "pdsgd": (plain, {"lr": 0.05, "lr_dual": 0.5, "beta": 1.0}),
+    "gcivr": (plain, {"lr": 0.05, "q": 2, "refresh_batches": 2}),  # refresh, recursion, refresh
     "comfedl_maml": (pfl, {"lr": 0.1}),
     "comfedl_damaml": (pfl, {"lr": 0.05}),
     "fedmaml": (pfl, {"lr": 0.1}),

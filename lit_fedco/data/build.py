@@ -9,7 +9,8 @@ data set, each taking its typed spec (:mod:`lit_fedco.data.specs`):
   binary AUPRC task of FCSG §5.3);
 - :func:`make_step_imbalanced` — ``*_st``: a step-imbalanced pool (FedDRO §6);
 - :func:`make_invariant_logreg` — synthetic invariant logistic regression (FCSG §5.1);
-- :func:`make_task_data` — few-shot classes per client (FCSG §5.2).
+- :func:`make_task_data` — few-shot classes per client (FCSG §5.2);
+- :func:`make_adult` — UCI Adult with its protected groups (FedDRO §6, fairness).
 
 :func:`make_federated` picks the builder from ``data.name`` / ``data.partition``. Every
 random draw comes from a generator named by (seed, constant) (:mod:`lit_fedco.seeding`),
@@ -25,10 +26,12 @@ import torch
 from torch import Tensor
 
 from lit_fedco.data import partition as P
+from lit_fedco.data.adult import load_adult
 from lit_fedco.data.container import FederatedData, build_federated
 from lit_fedco.data.omniglot import load_omniglot, omniglot_split
 from lit_fedco.data.sources import load_digits_arrays, load_source
 from lit_fedco.data.specs import (
+    AdultSpec,
     InvariantLogRegSpec,
     PartitionedSpec,
     StepImbalancedSpec,
@@ -52,10 +55,12 @@ def make_federated(spec: Any) -> FederatedData:
     passes ``SimpleNamespace(**data_cfg, seed=seed)``), or a typed spec. It is converted and
     validated by :func:`~lit_fedco.data.specs.data_spec`, which also picks the builder: a
     ``*_st`` name → :func:`make_step_imbalanced`; ``invariant_logreg`` →
-    :func:`make_invariant_logreg`; ``partition=classes`` → :func:`make_task_data`; otherwise
-    :func:`make_partitioned`.
+    :func:`make_invariant_logreg`; ``adult`` → :func:`make_adult`; ``partition=classes`` →
+    :func:`make_task_data`; otherwise :func:`make_partitioned`.
     """
     typed = data_spec(spec)
+    if isinstance(typed, AdultSpec):
+        return make_adult(typed)
     if isinstance(typed, StepImbalancedSpec):
         return make_step_imbalanced(typed)
     if isinstance(typed, InvariantLogRegSpec):
@@ -133,6 +138,37 @@ def make_partitioned(spec: PartitionedSpec) -> FederatedData:
     else:
         val = P.validation_like([labels[p] for p in parts], y_te.numpy(), spec.val_per_client, rng)
     return build_federated(x, y, x_te, y_te, parts, val, num_classes, spec.name)
+
+
+# ---------------------------------------------------------------------- UCI Adult
+def make_adult(spec: AdultSpec) -> FederatedData:
+    """UCI Adult (:mod:`lit_fedco.data.adult`): the training file's rows split over the clients
+    ``iid`` (the FedDRO paper's equal split) or ``dirichlet`` on the label (``alpha``), and
+    the test file's rows, all of them, split evenly over the clients as their validation
+    rows, so that pooled validation metrics are the test set's.
+
+    Targets are ``[n, 2]``: the label (income > 50K) and the protected group (``protected``);
+    ``stats["groups"]`` names the groups and ``stats["features"]`` the feature columns.
+
+    Args:
+        spec: the spec, or any object with its attributes.
+    """
+    spec = AdultSpec.of(spec)
+    table = load_adult(spec.data_dir, spec.protected)
+    rng = numpy_generator(spec.seed, PARTITION_STREAM)
+    labels = table.y_train[:, 0].numpy()
+    if spec.partition == "iid":
+        parts = P.partition_iid(labels, spec.num_clients, rng)
+    else:
+        parts = P.partition_dirichlet(labels, spec.num_clients, spec.alpha, rng)
+    val = P.partition_iid(table.y_test[:, 0].numpy(), spec.num_clients, rng)
+    data = build_federated(
+        table.x_train, table.y_train, table.x_test, table.y_test, parts, val, 2, "adult"
+    )
+    data.stats.update(
+        protected=spec.protected, groups=list(table.groups), features=list(table.features)
+    )
+    return data
 
 
 # ---------------------------------------------------------------------- step-imbalanced

@@ -22,12 +22,20 @@ from torch import Tensor
 from lit_fedco.data import partition as P
 
 
+def labels_of(y: Tensor) -> Tensor:
+    """The class labels of targets ``y``: ``y`` itself (``[n]``), or its column 0 when the
+    targets carry side columns (``[n, 1 + s]``: Adult's protected group in column 1)."""
+    return y if y.dim() == 1 else y[:, 0]
+
+
 @dataclass
 class FederatedData:
     """All clients' training and validation data.
 
     Attributes:
-        x_train, y_train: training samples, grouped by client.
+        x_train, y_train: training samples, grouped by client; targets ``[n]`` class labels,
+            or ``[n, 1 + s]`` with the label in column 0 and side columns after it
+            (:func:`labels_of`).
         train_offsets: int64 [K + 1]; client k owns rows ``offsets[k]:offsets[k+1]``.
         x_val, y_val, val_offsets: the same for validation.
         num_classes: C.
@@ -101,7 +109,7 @@ class FederatedData:
         _, y, off = self.arrays(split)
         k, c = self.num_clients, self.num_classes
         owner = torch.repeat_interleave(torch.arange(k), (off[1:] - off[:-1]).cpu())
-        flat = owner * c + y.detach().cpu().long()
+        flat = owner * c + labels_of(y).detach().cpu().long()
         return torch.bincount(flat, minlength=k * c).view(k, c)
 
     def partition_stats(self) -> dict[str, Any]:
@@ -215,7 +223,7 @@ def build_federated(
     x_tr, y_tr, off_tr = _concat(x_pool, y_pool, parts)
     x_va, y_va, off_va = _concat(x_test, y_test, val_parts)
     stats = {
-        "train": P.partition_stats(y_pool.numpy(), parts, num_classes),
-        "val": P.partition_stats(y_test.numpy(), val_parts, num_classes),
+        "train": P.partition_stats(labels_of(y_pool).numpy(), parts, num_classes),
+        "val": P.partition_stats(labels_of(y_test).numpy(), val_parts, num_classes),
     }
     return FederatedData(x_tr, y_tr, off_tr, x_va, y_va, off_va, num_classes, name, stats)

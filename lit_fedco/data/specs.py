@@ -27,6 +27,10 @@ ST_PARTITIONS = ("iid", "dirichlet")
 TASK_SOURCES = ("digits", "omniglot")
 """Sources of few-shot task data (``partition=classes``, :class:`TaskSpec`)."""
 VAL_MODES = ("client", "all")
+ADULT_PARTITIONS = ("iid", "dirichlet")
+"""Splits of the Adult training rows (:class:`AdultSpec`)."""
+ADULT_PROTECTED = ("sex", "race")
+"""Protected attributes of ``adult`` (``data.protected``)."""
 
 S = TypeVar("S", bound="DataSpecBase")
 
@@ -230,7 +234,41 @@ class TaskSpec(DataSpecBase):
         _at_least_one("data.num_clients", self.num_clients, "16")
 
 
-DataSpec = PartitionedSpec | StepImbalancedSpec | InvariantLogRegSpec | TaskSpec
+@dataclass(frozen=True)
+class AdultSpec(DataSpecBase):
+    """UCI Adult (``adult``; FedDRO §6, fairness), read by :mod:`lit_fedco.data.adult`.
+
+    Attributes:
+        data_dir: the folder holding ``adult.data[.gz]`` and ``adult.test[.gz]``; empty: the
+            copy shipped with lit_fedco.
+        partition: ``iid`` (the paper's equal split) or ``dirichlet`` (label skew, ``alpha``).
+        num_clients: K (the paper: 8).
+        alpha: the Dirichlet concentration α (``dirichlet``).
+        seed: the run's seed; the split is drawn from (seed, 12345).
+        protected: the protected attribute carried as the targets' second column, ``sex``
+            (2 groups) or ``race`` (5 groups).
+    """
+
+    data_dir: str
+    partition: str
+    num_clients: int
+    alpha: float
+    seed: int
+    protected: str = "sex"
+
+    def __post_init__(self) -> None:
+        if self.partition not in ADULT_PARTITIONS:
+            raise ConfigError.bad_value(
+                "data.partition", self.partition, f"one of {ADULT_PARTITIONS} for adult", "iid"
+            )
+        if self.protected not in ADULT_PROTECTED:
+            raise ConfigError.bad_value(
+                "data.protected", self.protected, f"one of {ADULT_PROTECTED}", "sex"
+            )
+        _at_least_one("data.num_clients", self.num_clients, "8")
+
+
+DataSpec = PartitionedSpec | StepImbalancedSpec | InvariantLogRegSpec | TaskSpec | AdultSpec
 """Every typed data spec."""
 
 
@@ -242,6 +280,7 @@ def data_spec(spec: object) -> DataSpec:
 
     - ``name`` ending in ``_st`` → :class:`StepImbalancedSpec`;
     - ``name == "invariant_logreg"`` → :class:`InvariantLogRegSpec`;
+    - ``name == "adult"`` → :class:`AdultSpec`;
     - ``partition == "classes"`` → :class:`TaskSpec`;
     - otherwise → :class:`PartitionedSpec`.
 
@@ -255,7 +294,9 @@ def data_spec(spec: object) -> DataSpec:
     Raises:
         ConfigError: a value out of range. TypeError: a missing attribute.
     """
-    if isinstance(spec, PartitionedSpec | StepImbalancedSpec | InvariantLogRegSpec | TaskSpec):
+    if isinstance(
+        spec, PartitionedSpec | StepImbalancedSpec | InvariantLogRegSpec | TaskSpec | AdultSpec
+    ):
         return spec
     name = getattr(spec, "name", None)
     if not isinstance(name, str):
@@ -264,6 +305,8 @@ def data_spec(spec: object) -> DataSpec:
         return StepImbalancedSpec.of(spec)
     if name == "invariant_logreg":  # FCSG §5.1, synthetic
         return InvariantLogRegSpec.of(spec)
+    if name == "adult":  # FedDRO §6, fairness
+        return AdultSpec.of(spec)
     if getattr(spec, "partition", None) == "classes":  # few-shot tasks from a client's classes
         return TaskSpec.of(spec)
     return PartitionedSpec.of(spec)

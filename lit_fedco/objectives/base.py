@@ -23,15 +23,22 @@ if TYPE_CHECKING:
     pass
 
 Batch = dict[str, Tensor]
-"""One client's minibatch: ``{"x": inputs [b, ...], "y": targets [b]}``."""
+"""One client's minibatch: ``{"x": inputs [b, ...], "y": targets [b]}`` (or ``[b, 1 + s]``:
+the class label in column 0 and side columns after it, e.g. Adult's protected group)."""
 Context = dict[str, Tensor]
 """Round-level values broadcast to every client (e.g. the log-space shift of the DRO weights)."""
 Params = dict[str, Tensor]
 
 
+def class_labels(target: Tensor, logits: Tensor) -> Tensor:
+    """The class labels of ``target`` for ``logits`` ``[..., C]``: ``target`` itself
+    (``[...]``), or its column 0 when it carries side columns (``[..., 1 + s]``)."""
+    return target[..., 0] if target.dim() == logits.dim() else target
+
+
 def cross_entropy(logits: Tensor, target: Tensor) -> Tensor:
-    """Per-sample cross-entropy (no reduction)."""
-    return F.cross_entropy(logits, target, reduction="none")
+    """Per-sample cross-entropy (no reduction) against :func:`class_labels` of ``target``."""
+    return F.cross_entropy(logits, class_labels(target, logits), reduction="none")
 
 
 class Objective:

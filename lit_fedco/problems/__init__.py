@@ -21,6 +21,7 @@ from lit_fedco.problems.dro import (
     SampleDROParams,
     SampleDROProblem,
 )
+from lit_fedco.problems.fairness import FairnessParams, FairnessProblem
 from lit_fedco.problems.fewshot import MAMLParams, MAMLProblem
 from lit_fedco.problems.personalized import PFLParams, PFLProblem
 
@@ -30,6 +31,8 @@ __all__ = [
     "Classification",
     "ClientDROParams",
     "ClientDROProblem",
+    "FairnessParams",
+    "FairnessProblem",
     "InvariantLogRegParams",
     "InvariantLogRegProblem",
     "MAMLParams",

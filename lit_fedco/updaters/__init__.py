@@ -34,6 +34,7 @@ from lit_fedco.updaters.feddro import (
     FedDROHparams,
     MBSGDHparams,
 )
+from lit_fedco.updaters.gcivr import GCIVR, GCIVRHparams
 from lit_fedco.updaters.personal import Ditto, DittoHparams, FedMAML, FedMAMLHparams
 from lit_fedco.updaters.qfedavg import QFedAvg, QFedAvgHparams
 from lit_fedco.updaters.robust import DRFL, TRMAML, DRFLHparams, project_simplex
@@ -42,6 +43,7 @@ __all__ = [
     "DRFL",
     "FCSG",
     "FCSGM",
+    "GCIVR",
     "MBSGD",
     "PDSGD",
     "TRMAML",
@@ -70,6 +72,7 @@ __all__ = [
     "FedDROHparams",
     "FedMAML",
     "FedMAMLHparams",
+    "GCIVRHparams",
     "Hparams",
     "LocalSCGD",
     "LocalSCGDHparams",
