@@ -161,9 +161,7 @@ def make_workloads(
         elif name in ("conv", "cnn4"):
             model, hidden = (conv_model, 128) if name == "conv" else ("conv4", 64)
             for k in clients or [img_k]:
-                out.append(
-                    Workload(name, model, img, k, min(img_m, k), img_n, 5, 10, 0.05, hidden)
-                )
+                out.append(Workload(name, model, img, k, min(img_m, k), img_n, 5, 10, 0.05, hidden))
         elif name == "resnet20":
             for k in clients or [2 if quick else 8]:
                 out.append(Workload("resnet20", "resnet20", "synthetic", k, k, 32, 2, 16, 0.05))
@@ -556,8 +554,10 @@ def format_tables(records: list[dict[str, Any]], workloads: dict[tuple[str, int]
         )
         lines.append(f"{w.label():<52}{thr:>4}  {cells}{agree or '(not checked)'}")
     if records:
-        lines.append(f"memory method: {records[0]['mem_method']}; agreement tolerance "
-                     f"{AGREE_TOL:g} (relative max-norm), {records[0]['check_rounds']} rounds")  # fmt: skip
+        lines.append(
+            f"memory method: {records[0]['mem_method']}; agreement tolerance "
+            f"{AGREE_TOL:g} (relative max-norm), {records[0]['check_rounds']} rounds"
+        )
     return "\n".join(lines)
 
 
@@ -577,25 +577,54 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--workloads", nargs="+", choices=WORKLOADS, default=list(WORKLOADS))
-    p.add_argument("--clients", type=int, nargs="+", default=None,
-                   help="K for every workload (default: each workload's own)")  # fmt: skip
-    p.add_argument("--threads", type=int, nargs="+", default=None,
-                   help="torch intra-op threads; several: each in turn (default: torch's)")  # fmt: skip
+    p.add_argument(
+        "--clients",
+        type=int,
+        nargs="+",
+        default=None,
+        help="K for every workload (default: each workload's own)",
+    )
+    p.add_argument(
+        "--threads",
+        type=int,
+        nargs="+",
+        default=None,
+        help="torch threads; several: each in turn (default: torch's)",
+    )
     p.add_argument("--repeat", type=int, default=2, help="timed slots per implementation")
-    p.add_argument("--min-time", type=float, default=None,
-                   help="seconds per slot, whole rounds (default 2, quick 0.3)")  # fmt: skip
-    p.add_argument("--check-rounds", type=int, default=2,
-                   help="float64 rounds of the agreement check (0: no check)")  # fmt: skip
+    p.add_argument(
+        "--min-time",
+        type=float,
+        default=None,
+        help="seconds per slot, whole rounds (default 2, quick 0.3)",
+    )
+    p.add_argument(
+        "--check-rounds",
+        type=int,
+        default=2,
+        help="float64 rounds of the agreement check (0: no check)",
+    )
     p.add_argument("--impls", nargs="+", choices=IMPLS, default=list(IMPLS))
     p.add_argument("--quick", action="store_true", help="fewer clients, shorter slots")
     p.add_argument("--json", type=Path, default=None, help="write the records to this file")
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
-    p.add_argument("--conv-model", choices=CONV_MODELS, default="cnn",
-                   help="conv workload's net: lit_fedco's cnn (hidden 128) or pfl's simple_cnn")  # fmt: skip
-    p.add_argument("--fashion-dir", default=FASHION_DIR,
-                   help="Fashion-MNIST folder for conv/cnn4 (absent: the embedded digits)")  # fmt: skip
-    p.add_argument("--profile", choices=IMPLS, default=None,
-                   help="also print torch.profiler's top ops of one round of this impl")  # fmt: skip
+    p.add_argument(
+        "--conv-model",
+        choices=CONV_MODELS,
+        default="cnn",
+        help="the conv workload's net: lit_fedco's cnn (hidden 128) or simple_cnn",
+    )
+    p.add_argument(
+        "--fashion-dir",
+        default=FASHION_DIR,
+        help="Fashion-MNIST folder for conv, cnn4 (absent: the digits)",
+    )
+    p.add_argument(
+        "--profile",
+        choices=IMPLS,
+        default=None,
+        help="print torch.profiler's top ops of one round of this impl",
+    )
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args(argv)
     for key in ("clients", "threads"):
@@ -623,11 +652,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     for w in args.work:
         if w.data == "fashion_mnist" and w.clients * w.per_client > FASHION_TRAIN:
-            p.error(f"--clients: {w.name} gives each client {w.per_client} of Fashion-MNIST's "
-                    f"{FASHION_TRAIN} images, so K <= {FASHION_TRAIN // w.per_client}; got {w.clients}")  # fmt: skip
+            p.error(
+                f"--clients: {w.name} gives each client {w.per_client} of Fashion-MNIST's "
+                f"{FASHION_TRAIN} images, so K <= {FASHION_TRAIN // w.per_client}; got {w.clients}"
+            )
         if w.data == "digits" and w.clients > digits_pool_size():
-            p.error(f"--clients: the embedded digits have {digits_pool_size()} training "
-                    f"images, so K <= {digits_pool_size()}; got {w.clients}")  # fmt: skip
+            p.error(
+                f"--clients: the embedded digits have {digits_pool_size()} training "
+                f"images, so K <= {digits_pool_size()}; got {w.clients}"
+            )
     return args
 
 
