@@ -417,6 +417,16 @@ class PeakMemory:
                 self._reset_hwm()
             self.base = (_status_kb("VmRSS") or _maxrss_kb()) * 1024
 
+    def current(self) -> float:
+        """MiB in use now: the resident set after returning freed heap (CPU), or what the
+        allocator holds (CUDA)."""
+        if self.cuda:
+            torch.cuda.synchronize()
+            return torch.cuda.memory_allocated() / 2**20
+        with contextlib.suppress(OSError, AttributeError):
+            ctypes.CDLL("libc.so.6").malloc_trim(0)
+        return (_status_kb("VmRSS") or _maxrss_kb()) / 1024
+
     def stop(self) -> tuple[float, float]:
         """(peak MiB, peak above the start MiB)."""
         if self.cuda:
@@ -452,9 +462,12 @@ def time_slot(runner, w: Workload, device: str, min_time: float, mem: PeakMemory
     return rounds * w.client_steps / elapsed, rounds, mem.stop()
 
 
-def measure(w: Workload, data, args: argparse.Namespace, threads: int) -> list[dict[str, Any]]:
+def measure(
+    w: Workload, data, args: argparse.Namespace, threads: int, base_mib: float = 0.0
+) -> list[dict[str, Any]]:
     """Alternating timed slots of every implementation of ``w``, then the agreement check;
-    one record per implementation."""
+    one record per implementation. ``base_mib``: the memory in use before ``data`` was built
+    (:meth:`PeakMemory.current`), for the footprint of the whole simulation."""
     torch.set_num_threads(threads)
     impls = args.impls
     mem = PeakMemory(args.device)
@@ -487,6 +500,8 @@ def measure(w: Workload, data, args: argparse.Namespace, threads: int) -> list[d
             "rounds_timed": rounds[impl], "device": args.device, "dtype": "float32",
             "peak_mem_mib": peak[impl], "round_mem_mib": work[impl],
             "round_mem_kib_per_cohort_client": work[impl] * 1024 / w.cohort,
+            "workload_mem_mib": max(0.0, peak[impl] - base_mib),
+            "workload_mem_kib_per_client": max(0.0, peak[impl] - base_mib) * 1024 / w.clients,
             "mem_method": mem.method,
             "max_rel_diff_to_plain": diff,
             "agrees": None if diff is None else diff <= AGREE_TOL,
@@ -507,7 +522,7 @@ def profile_round(w: Workload, data, args: argparse.Namespace, impl: str, rows: 
     with profile(activities=acts) as prof:
         runner.run_round()
         _sync(args.device)
-    key = "self_cuda_time_total" if args.device == "cuda" else "self_cpu_time_total"
+    key = "self_device_time_total" if args.device == "cuda" else "self_cpu_time_total"
     return prof.key_averages().table(sort_by=key, row_limit=rows)
 
 
@@ -537,14 +552,17 @@ def format_tables(records: list[dict[str, Any]], workloads: dict[tuple[str, int]
             if i != "plain" and g[i]["ratio_to_plain"] is not None
         )
         lines.append(f"{w.label():<52}{thr:>4}  {cells}{ratios}")
-    lines += ["", "memory (MiB: peak of the process / above the pre-round resident set; "
-              "KiB per cohort client) and agreement with the plain loop (float64)"]  # fmt: skip
-    lines.append(f"{'workload':<52}{'thr':>4}  " + "".join(f"{i:<26}" for i in impls) + "agree")
+    lines += ["", "memory: MiB peak of the process / MiB above the pre-round resident set / KiB of "
+              "that per cohort client; KiB per simulated client (the peak above the process "
+              "before the data were built: data, all implementations' state, this round, / K); "
+              "agreement with the plain loop (float64)"]  # fmt: skip
+    lines.append(f"{'workload':<52}{'thr':>4}  " + "".join(f"{i:<34}" for i in impls) + "agree")
     for (name, k, thr), g in groups.items():
         w = workloads[(name, k)]
         cells = "".join(
-            f"{g[i]['peak_mem_mib']:>7.0f} /{g[i]['round_mem_mib']:>6.1f} /"
-            f"{g[i]['round_mem_kib_per_cohort_client']:>7.0f}   "
+            f"{g[i]['peak_mem_mib']:>6.0f} /{g[i]['round_mem_mib']:>6.1f} /"
+            f"{g[i]['round_mem_kib_per_cohort_client']:>6.0f} /"
+            f"{g[i]['workload_mem_kib_per_client']:>7.1f}   "
             for i in impls
         )
         agree = "  ".join(
@@ -664,8 +682,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
+def _import_all() -> None:
+    """Import what the implementations use, so that the memory baseline holds the modules."""
+    import lightning.fabric  # noqa: F401
+
+    import lit_fedco.data
+    import lit_fedco.executors
+    import lit_fedco.loop
+    import lit_fedco.updaters  # noqa: F401
+
+
 def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     args = parse_args(argv)
+    _import_all()
     threads = args.threads or [torch.get_num_threads()]
     print(f"lit_fedco throughput: FedAvg, device={args.device}, torch {torch.__version__}, "
           f"threads {threads}, repeat {args.repeat}, min {args.min_time:g} s a slot, "
@@ -673,9 +702,11 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     records: list[dict[str, Any]] = []
     by_key = {(w.name, w.clients): w for w in args.work}
     for w in args.work:
+        data = None  # the previous workload's, out of the baseline
+        base = PeakMemory(args.device).current()
         data = build_data(w, args.seed, args.fashion_dir)
         for n in threads:
-            got = measure(w, data, args, n)
+            got = measure(w, data, args, n, base)
             records += got
             line = "  ".join(f"{r['impl']} {_num(r['client_steps_per_s'])}" for r in got)
             print(f"{w.label()} threads={n}: {line} client-steps/s", flush=True)
