@@ -9,7 +9,7 @@ Each workload is FedAvg (the same learning rate everywhere) run three ways on th
 - ``plain``: a per-client loop written here, the honest baseline: one ``nn.Module``; for every
   cohort client, copy the global weights into it, take I steps of SGD (autograd, in-place
   updates) on the client's minibatches, add the result to a running sum; the new global model
-  is the sum over m. No ``vmap``, no lit_fedco round.
+  is that sum divided by m. No ``vmap``, no lit_fedco round.
 - ``vectorized`` and ``sequential``: :class:`~lit_fedco.loop.FederatedLoop` with that executor.
 
 All three draw the round's cohort with :func:`~lit_fedco.seeding.sample_cohort` and its
@@ -28,7 +28,9 @@ Memory: on CPU, the process's peak resident set while an implementation's rounds
 (``VmHWM``, reset through ``/proc/self/clear_refs`` before each slot, after returning freed
 heap to the system), and that peak above the resident set before the slot (the round's working
 memory, also per cohort client); where the peak cannot be reset, ``ru_maxrss`` (a high-water
-mark of the whole process). On CUDA, the allocator's peak (``max_memory_allocated``).
+mark of the whole process). On CUDA, the allocator's peak (``max_memory_allocated``). Per
+simulated client: the peak above what the process held before the workload's data were built
+(the data, the three implementations' state, one-off allocations of first use), divided by K.
 
 Agreement: after timing, every implementation runs ``--check-rounds`` rounds again, in
 float64, from the same initial model; the final global models of lit_fedco's executors must
