@@ -1,0 +1,144 @@
+"""The throughput benchmark (``python -m lit_fedco.benchmarks.throughput``): what it writes, its
+agreement check, its command line. Nothing here depends on how fast anything runs."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from lit_fedco.benchmarks import throughput as T
+from tests.helpers import REPO
+
+KEYS = {"workload", "clients", "impl", "threads", "client_steps_per_s"}
+
+
+@pytest.fixture
+def keep_threads():
+    n = torch.get_num_threads()
+    yield
+    torch.set_num_threads(n)
+
+
+def test_tiny_run_writes_a_record_per_workload_and_impl(tmp_path, capsys, keep_threads):
+    out = tmp_path / "t.json"
+    argv = ["--workloads", *T.WORKLOADS, "--clients", "1", "--threads", "1", "--repeat", "2",
+            "--min-time", "0", "--check-rounds", "1", "--fashion-dir", "",
+            "--json", str(out)]  # fmt: skip
+    returned = T.main(argv)
+    records = json.loads(out.read_text())
+    assert records == json.loads(json.dumps(returned))
+    assert {(r["workload"], r["impl"]) for r in records} == {
+        (w, i) for w in T.WORKLOADS for i in T.IMPLS
+    }
+    assert len(records) == len(T.WORKLOADS) * len(T.IMPLS)
+    for r in records:
+        assert r.keys() >= KEYS
+        assert r["clients"] == 1 and r["threads"] == 1 and r["impl"] in T.IMPLS
+        assert r["client_steps_per_s"] > 0 and len(r["client_steps_per_s_runs"]) == 2
+        assert r["rounds_timed"] == 2  # --min-time 0: one round a slot
+        assert r["peak_mem_mib"] > 0 and r["round_mem_mib"] >= 0
+        assert r["workload_mem_kib_per_client"] > 0
+        assert r["data"] in ("digits", "synthetic")  # no Fashion-MNIST folder: digits
+        if r["impl"] == "plain":
+            assert r["ratio_to_plain"] == 1.0 and r["agrees"] is None
+        else:
+            assert r["agrees"] is True, r
+            assert r["max_rel_diff_to_plain"] <= T.AGREE_TOL
+    text = capsys.readouterr().out
+    assert "client-steps/s" in text and "agree" in text and "FAIL" not in text
+
+
+def tiny(name: str = "conv", **kw) -> T.Workload:
+    (w,) = T.make_workloads([name], [3], quick=True, fashion_dir="")
+    return T.Workload(**{**w.__dict__, **kw})
+
+
+def test_agreement_check_passes_for_the_same_algorithm_and_fails_for_another_lr():
+    w = tiny(cohort=2)  # partial participation: the cohort must be the same one too
+    data = T.build_data(w, seed=0)
+    diffs = T.agreement(w, data, "cpu", seed=0, rounds=2)
+    assert set(diffs) == {"vectorized", "sequential"}
+    assert all(d <= T.AGREE_TOL for d in diffs.values()), diffs
+
+    lit = T.make_impl("vectorized", w, data, "cpu", torch.float64, 0)
+    off = T.PlainLoop(w, data, "cpu", torch.float64, 0, lr=w.lr * 1.01)
+    same = T.PlainLoop(w, data, "cpu", torch.float64, 0)
+    for impl in (lit, off, same):
+        impl.run_round()
+    assert T.models_agree(same.params(), lit.params())[0]
+    ok, d = T.models_agree(off.params(), lit.params())
+    assert not ok and d > 1e3 * T.AGREE_TOL
+
+
+def test_checker_on_perturbed_and_mismatched_models():
+    a = {"w": torch.randn(4, 3, dtype=torch.float64), "b": torch.zeros(3, dtype=torch.float64)}
+    assert T.models_agree(a, {k: v.clone() for k, v in a.items()}) == (True, 0.0)
+    bumped = {k: v.clone() for k, v in a.items()}
+    bumped["b"][1] += 1e-6
+    ok, d = T.models_agree(a, bumped)
+    assert not ok and d == pytest.approx(1e-6 / max(1.0, float(a["w"].abs().max())))
+    assert T.models_agree(a, {"w": a["w"]}) == (False, float("inf"))
+    assert T.models_agree(a, {"w": a["w"], "b": torch.zeros(4)})[0] is False
+
+
+def test_workload_shapes():
+    pfl = T.Workload("conv", "cnn", "fashion_mnist", 1000, 50, 50, 5, 10, 0.05, 128)
+    if T.fashion_present(T.FASHION_DIR):
+        assert T.make_workloads(["conv"], None, quick=False) == [pfl]
+    (conv,) = T.make_workloads(["conv"], None, quick=True, fashion_dir="")
+    assert (conv.data, conv.cohort, conv.local_steps, conv.batch_size) == ("digits", 10, 5, 10)
+    logreg = T.make_workloads(["logreg"], None, quick=False)
+    assert [(w.clients, w.cohort, w.local_steps, w.batch_size) for w in logreg] == [
+        (k, k, 5, 16) for k in (10, 100, 1000)
+    ]
+    net = T.build_net(T.Workload(**{**pfl.__dict__, "model": "simple_cnn"}), (1, 28, 28), 10, 0)
+    assert sum(p.numel() for p in net.parameters()) == 1_199_882  # pfl-research's simple_cnn
+    assert not list(net.buffers())
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--clients", "0"],
+        ["--workloads", "lenet"],
+        ["--repeat", "0"],
+        ["--threads", "-1"],
+        ["--min-time", "nan"],
+        ["--check-rounds", "-1"],
+        ["--impls", "vectorized"],
+        ["--json", "/nonexistent-folder/x.json"],
+        ["--workloads", "logreg", "--clients", "5000"],
+        ["--clients", "ten"],
+        ["--no-such-flag"],
+    ],
+)
+def test_bad_input_exits_2_with_one_line(argv, capsys):
+    with pytest.raises(SystemExit) as exc:
+        T.parse_args(argv)
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("python -m lit_fedco.benchmarks.throughput: ")
+
+
+def test_bad_input_from_the_command_line():
+    proc = subprocess.run(
+        [sys.executable, "-m", "lit_fedco.benchmarks.throughput", "--repeat", "0"],
+        capture_output=True, text=True, cwd=REPO, timeout=120,
+        env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"},
+    )  # fmt: skip
+    assert proc.returncode == 2
+    assert proc.stderr.splitlines() == [
+        "python -m lit_fedco.benchmarks.throughput: error: --repeat: got 0, need an integer >= 1"
+    ]
+    assert proc.stdout == ""
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a CUDA device is here")
+def test_cuda_without_a_device_exits_2(capsys):
+    with pytest.raises(SystemExit) as exc:
+        T.parse_args(["--device", "cuda"])
+    assert exc.value.code == 2 and capsys.readouterr().err.count("\n") == 1
