@@ -58,6 +58,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from lit_fedco.cpu_memory import keep_freed_memory
+
 IMPLS = ("plain", "vectorized", "sequential")
 WORKLOADS = ("logreg", "conv", "resnet20", "cnn4")
 CONV_MODELS = ("cnn", "simple_cnn")
@@ -626,6 +628,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--impls", nargs="+", choices=IMPLS, default=list(IMPLS))
     p.add_argument("--quick", action="store_true", help="fewer clients, shorter slots")
+    p.add_argument(
+        "--system-malloc",
+        action="store_true",
+        help="leave glibc's malloc thresholds alone (recipes raise them: lit_fedco/cpu_memory.py)",
+    )
     p.add_argument("--json", type=Path, default=None, help="write the records to this file")
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     p.add_argument(
@@ -706,6 +713,8 @@ def _warm_process(device: str, fashion_dir: str) -> None:
 
 def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     args = parse_args(argv)
+    if not args.system_malloc:  # as every recipe runs (the plain loop shares the process)
+        keep_freed_memory()
     _import_all()
     _warm_process(args.device, args.fashion_dir)
     threads = args.threads or [torch.get_num_threads()]
