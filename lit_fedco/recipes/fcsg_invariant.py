@@ -53,4 +53,4 @@ COLUMNS = [
 ]
 
 if __name__ == "__main__":
-    main("fcsg_invariant", DEFAULTS, columns=COLUMNS)
+    main("fcsg_invariant", DEFAULTS, columns=COLUMNS, evaluated_on="test")
