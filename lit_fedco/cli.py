@@ -38,6 +38,7 @@ def main(
     argv: list[str] | None = None,
     columns: list[tuple[str, str]] | None = None,
     callbacks: list[Any] | None = None,
+    evaluated_on: str = "validation",
 ) -> list[Any]:
     """Entry point of every recipe (the arguments of :func:`lit_fedco.runner.main`).
 
@@ -56,4 +57,4 @@ def main(
             raise SystemExit(2) from None
     from lit_fedco.runner import main as run
 
-    return run(recipe, defaults, argv, columns, callbacks)
+    return run(recipe, defaults, argv, columns, callbacks, evaluated_on)

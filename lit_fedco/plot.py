@@ -9,7 +9,8 @@ Every recipe run calls :func:`draw_run` on its own folder when it ends, so its f
   worst-client validation accuracy, or worst-class accuracy, AP, test accuracy) against rounds,
   the mean over seeds with a ±1 std band;
 - ``communication``: the same against floats communicated per client;
-- ``clients``: each method's final per-client validation accuracy, one point per client and seed;
+- ``clients``: each method's final per-client validation (or, where the recipe's held-out data
+  is a test set, test) accuracy, one point per client and seed;
 - ``weights``: the DRO client weights over rounds, for the methods that have them.
 
 One colour per method, the same in every figure; the papers' method names. This module reads
@@ -72,6 +73,7 @@ def load_run(run_dir: Path) -> dict[str, Any]:
         ) from None
     rec["name"] = Path(run_dir).name
     rec.setdefault("columns", DEFAULT_COLUMNS)
+    rec.setdefault("evaluated_on", "validation")  # runs recorded before it was
     rec.setdefault("history", {})
     rec.setdefault("per_client", {})
     return rec
@@ -142,8 +144,10 @@ def draw(runs: list[dict[str, Any]], out: Path, title: str = "") -> dict[str, An
     """Draw the figures of ``runs`` into ``out``; returns the files and what each plotted.
 
     Returns:
-        ``{"files": [...], "plotted": {figure: {method: {"x": [...], "y": [...]}}}}`` — the
-        series exactly as drawn (the mean over seeds), for tests and tables.
+        ``{"files": [...], "plotted": {figure: {method: {"x": [...], "y": [...]}}},
+        "labels": {figure: y label}}`` — the series exactly as drawn (the mean over seeds), for
+        tests and tables, and the ``clients`` figure's axis label (it names the data the first
+        run evaluated on: validation, or test).
     """
     out.mkdir(parents=True, exist_ok=True)
     data = series(runs)
@@ -185,12 +189,13 @@ def draw(runs: list[dict[str, Any]], out: Path, title: str = "") -> dict[str, An
         files += _save(
             fig, out, name, legend_rows=0 if len(methods) <= 6 else (len(methods) + 2) // 3
         )
-    files += _clients(runs, methods, colour, out, title, plotted)
+    labels = {"clients": f"final {runs[0].get('evaluated_on', 'validation')} accuracy per client"}
+    files += _clients(runs, methods, colour, out, title, plotted, labels["clients"])
     files += _weights(data, methods, colour, out, title, plotted)
-    return {"files": files, "plotted": plotted}
+    return {"files": files, "plotted": plotted, "labels": labels}
 
 
-def _clients(runs, methods, colour, out, title, plotted) -> list[Path]:  # type: ignore[no-untyped-def]
+def _clients(runs, methods, colour, out, title, plotted, ylabel) -> list[Path]:  # type: ignore[no-untyped-def]
     per = {}
     for rec in runs:
         for method, seeds in rec["per_client"].items():
@@ -209,7 +214,7 @@ def _clients(runs, methods, colour, out, title, plotted) -> list[Path]:  # type:
         ax.hlines(statistics.fmean(v), i - 0.3, i + 0.3, color=colour[m], lw=2)
         plotted.setdefault("clients", {})[m] = {"x": [float(i)] * len(v), "y": v}
     ax.set_xticks(range(len(methods)), [display(m) for m in methods], rotation=25, ha="right")
-    ax.set_ylabel("final validation accuracy per client")
+    ax.set_ylabel(ylabel)
     ax.grid(alpha=0.3, axis="y")
     if title:
         ax.set_title(f"{title}: every client and seed (bar: mean)", fontsize=10)

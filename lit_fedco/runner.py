@@ -197,6 +197,7 @@ def main(
     argv: list[str] | None = None,
     columns: list[tuple[str, str]] | None = None,
     callbacks: list[Any] | None = None,
+    evaluated_on: str = "validation",
 ) -> list[Any]:
     """Entry point of every recipe: parse, check, run each (variant, updater, seed), print the
     table and save it with the results in the run folder.
@@ -205,7 +206,9 @@ def main(
     written. SIGTERM or SIGINT stop the run after the current round with a checkpoint (exit
     code 128 + the signal). ``columns`` are the table's (metric key, label) pairs
     (:data:`TABLE_COLUMNS` by default); ``callbacks`` receive the loop's hooks
-    (:func:`~lit_fedco.assemble.make_fabric`).
+    (:func:`~lit_fedco.assemble.make_fabric`); ``evaluated_on`` names the data the ``val/``
+    metrics are measured on ("validation", or "test" for a recipe whose held-out data is a
+    test set), in the table's title, the results and the figures' labels.
     """
     argv = sys.argv[1:] if argv is None else argv
     if any(a in HELP_FLAGS for a in argv):
@@ -237,7 +240,7 @@ def main(
     os.environ[RUN_DIR_ENV] = str(run_dir)
     try:
         fabric = make_fabric(cfg, callbacks)
-        rows = _run(recipe, cfg, configs, seeds, plan, run_dir, fabric, columns)
+        rows = _run(recipe, cfg, configs, seeds, plan, run_dir, fabric, columns, evaluated_on)
         _shut_down(fabric)
         return rows
     finally:
@@ -254,6 +257,7 @@ def _run(
     run_dir: Path,
     fabric: Any,
     columns: list[tuple[str, str]] | None,
+    evaluated_on: str = "validation",
 ) -> list[Any]:
     """Every sub-run of a planned run, then the table, the results and the folder's listing."""
     rank0 = fabric.global_rank == 0
@@ -290,12 +294,13 @@ def _run(
     table_rows = list(rows.items())
     if rank0:
         table = format_table(table_rows, columns)
-        title = f"{recipe}: final metrics per method (validation, mean over clients)"
+        title = f"{recipe}: final metrics per method ({evaluated_on}, mean over clients)"
         print(f"\n{title}\n{table}")
         results = {
             "recipe": recipe,
             "config": OmegaConf.to_container(cfg, resolve=True),
             "columns": [list(c) for c in (columns or TABLE_COLUMNS)],
+            "evaluated_on": evaluated_on,
             "results": rows,
             **_recorded(run_dir, folders),
         }

@@ -147,7 +147,7 @@ CASES = [
     case("out-dir-is-a-file", ["out_dir={d}/afile"], r"out_dir: got '.*afile', expected a folder, but .* is a file"),
     case("run-name-slash", ["run_name=a/b"], r"run_name: got 'a/b', expected a folder name"),
     case("resume-auto-no-name", ["resume=auto"], r"resume: got 'auto' without run_name"),
-    case("resume-missing-file", ["resume=/nonexistent.ckpt", "updater=fedavg"], r"resume: cannot read /nonexistent\.ckpt"),
+    case("resume-missing-file", ["resume=/nonexistent.ckpt", "updater=fedavg", "seeds=[0]"], r"resume: cannot read /nonexistent\.ckpt"),
     case("checkpoint-every-negative", ["checkpoint_every=-1"], r"checkpoint_every: got -1, expected an int >= 0"),
     case("checkpoint-keep-0", ["checkpoint_keep=0"], r"checkpoint_keep: got 0, expected an int >= 1"),
 ]  # fmt: skip

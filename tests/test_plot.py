@@ -89,3 +89,23 @@ def test_plot_overlays_two_runs_and_writes_a_summary(runs, tmp_path, capsys):
     avg = statistics.fmean(f["val/acc_avg"] for f in finals)
     row = next(line for line in table if line.startswith("| DRFL (a)"))
     assert f"{avg:.4f} ± " in row
+
+
+def test_a_recipe_evaluated_on_a_test_set_says_so(runs, tmp_path, capsys):
+    """fcsg_invariant's held-out data is a test set: its table title, results and the
+    ``clients`` figure say "test"; every other run (and a run recorded before) "validation"."""
+    a, _ = runs
+    assert draw([load_run(a)], tmp_path / "val")["labels"]["clients"] == (
+        "final validation accuracy per client"
+    )
+    capsys.readouterr()
+    main("comfedl_dro", DEFAULTS, [*ARGS, "seeds=[0]", f"out_dir={tmp_path}", "run_name=t"],
+         evaluated_on="test")  # fmt: skip
+    assert "comfedl_dro: final metrics per method (test, mean over clients)" in (
+        capsys.readouterr().out
+    )
+    t = tmp_path / "comfedl_dro" / "t"
+    assert json.loads((t / "results.json").read_text())["evaluated_on"] == "test"
+    assert draw([load_run(t)], tmp_path / "test")["labels"]["clients"] == (
+        "final test accuracy per client"
+    )

@@ -41,7 +41,8 @@ def run_offline(tmp_path: Path, recipe: str, *args: str) -> subprocess.Completed
 def test_recipe_writes_a_wandb_offline_run_and_csv(tmp_path):
     """No credentials → offline; the run's config and history are what the recipe logged."""
     out = tmp_path / "out"
-    args = ["updater=comfedl", "rounds=4", "eval_every=2", f"out_dir={out}", "data.big=200"]
+    args = ["updater=comfedl", "seeds=[0]", "rounds=4", "eval_every=2", f"out_dir={out}",
+            "data.big=200"]  # fmt: skip
     proc = run_offline(tmp_path, "comfedl_dro", *args)
     assert "100%" in proc.stderr  # the progress bar ran to the end
     run_dir = the_run(out, "comfedl_dro")
