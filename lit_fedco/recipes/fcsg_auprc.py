@@ -49,7 +49,7 @@ DEFAULTS: dict[str, Any] = {
 COLUMNS = [
     ("val/ap", "test AP"),
     ("train/ap", "train AP"),
-    ("val/acc_pooled", "test acc"),
+    ("val/acc_prior", "test acc@prior"),
     ("comm/total_floats_per_client", "floats/client"),
     ("time_s", "time s"),
 ]
