@@ -218,7 +218,14 @@ def check_run(cfg: DictConfig) -> None:
     check_pretrain(cfg)
     if enabled(cfg):  # the pre-training's updater, objective and schedule
         pcfg = pretrain_config(cfg)
-        build_updater(pcfg, cfg.pretrain.updater, data, 0)
+        try:
+            build_updater(pcfg, cfg.pretrain.updater, data, 0)
+        except ConfigError as err:
+            raise ConfigError(
+                f"pretrain.updater: got {cfg.pretrain.updater!r}, which cannot pre-train this "
+                f"run's model ({err}); choose another, e.g. pretrain.updater=fedavg",
+                key="pretrain.updater",
+            ) from None
         loop_config(pcfg, cfg.seed).validate(data.num_clients, cfg.devices * cfg.num_nodes)
     if cfg.init_from:  # a readable checkpoint of this run's model
         expected = build_updater(cfg, cfg.updaters[0], data, 0)[0].params()
