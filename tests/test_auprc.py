@@ -195,10 +195,10 @@ def test_recipe_runs_every_method_and_logs(tmp_path):
 
     seen = LastLoops()
     argv = ["rounds=2", "local_steps=2", "eval_every=2", "cohort=4", "tracking=[csv]",
-            "progress=false", f"out_dir={tmp_path}"]  # fmt: skip
+            "progress=false", f"out_dir={tmp_path}", "pretrain.rounds=2"]  # fmt: skip
     rows = main("fcsg_auprc", DEFAULTS, argv, columns=COLUMNS, callbacks=[seen])
-    assert [name for name, _ in rows] == DEFAULTS["updaters"]
-    assert [loop.updater.name for loop in seen.loops] == DEFAULTS["updaters"]
+    assert [name for name, _ in rows] == ["pretrain", *DEFAULTS["updaters"]]
+    assert [loop.updater.name for loop in seen.loops] == ["fedavg", *DEFAULTS["updaters"]]
     for (name, (res,)), loop in zip(rows, seen.loops, strict=True):
         # AP by scikit-learn on the final server model's scores of every held-out row
         data, model = loop.data, loop.updater.model

@@ -18,7 +18,8 @@ from lit_fedco.runner import main
 from tests.helpers import LastLoops, the_run
 
 TINY = ["rounds=2", "local_steps=2", "cohort=4", "eval_every=2", "tracking=[none]",
-        "progress=false", "threads=1", "updaters=[fedavg,fcsg]", "checkpoint_every=1"]  # fmt: skip
+        "progress=false", "threads=1", "updaters=[fedavg,fcsg]", "checkpoint_every=1",
+        "pretrain.rounds=0"]  # fmt: skip
 
 
 class Starts:
