@@ -21,6 +21,8 @@ from lit_fedco.executors import make_executor
 from lit_fedco.failures import Failures
 from lit_fedco.loop import LoopConfig
 from lit_fedco.models import build_model
+from lit_fedco.pretrain import check as check_pretrain
+from lit_fedco.pretrain import check_shapes, enabled, load_params, pretrain_config, set_params
 from lit_fedco.problems import Classification, Problem, ProblemParams, get_problem
 from lit_fedco.tracking import check_tracking, check_wandb_server
 from lit_fedco.updaters.base import CompositionalUpdater, get_updater
@@ -213,6 +215,21 @@ def check_run(cfg: DictConfig) -> None:
     loop_config(cfg, cfg.seed).validate(data.num_clients, cfg.devices * cfg.num_nodes)
     for name in cfg.updaters:  # model sizes, and an objective of the problem for each updater
         build_updater(cfg, name, data, 0)
+    check_pretrain(cfg)
+    if enabled(cfg):  # the pre-training's updater, objective and schedule
+        pcfg = pretrain_config(cfg)
+        try:
+            build_updater(pcfg, cfg.pretrain.updater, data, 0)
+        except ConfigError as err:
+            raise ConfigError(
+                f"pretrain.updater: got {cfg.pretrain.updater!r}, which cannot pre-train this "
+                f"run's model ({err}); choose another, e.g. pretrain.updater=fedavg",
+                key="pretrain.updater",
+            ) from None
+        loop_config(pcfg, cfg.seed).validate(data.num_clients, cfg.devices * cfg.num_nodes)
+    if cfg.init_from:  # a readable checkpoint of this run's model
+        expected = build_updater(cfg, cfg.updaters[0], data, 0)[0].params()
+        check_shapes(load_params(cfg.init_from), expected, cfg.init_from, cfg)
 
 
 RESUMABLE_CHANGES = (
@@ -239,6 +256,11 @@ def relevant_config(cfg: DictConfig, name: str, seed: int) -> dict[str, Any]:
     resolved = OmegaConf.to_container(cfg, resolve=True)
     assert isinstance(resolved, dict)
     out: dict[str, Any] = {k: resolved[k] for k in keep}
+    # the starting point, when it is not the seeded initialisation (older checkpoints match)
+    if cfg.init_from:
+        out["init_from"] = resolved["init_from"]
+    if enabled(cfg):
+        out["pretrain"] = resolved["pretrain"]
     out.update(updater=name, seed=seed, hparams=OmegaConf.to_container(cfg[name], resolve=True))
     if pname:
         out["problem"] = {"name": pname, **OmegaConf.to_container(cfg[pname], resolve=True)}  # type: ignore[dict-item]
@@ -246,9 +268,14 @@ def relevant_config(cfg: DictConfig, name: str, seed: int) -> dict[str, Any]:
 
 
 def build_updater(
-    cfg: DictConfig, name: str, data: FederatedData, seed: int
+    cfg: DictConfig,
+    name: str,
+    data: FederatedData,
+    seed: int,
+    init: dict[str, torch.Tensor] | None = None,
 ) -> tuple[CompositionalUpdater, Problem]:
-    """Updater ``name`` with a model seeded by ``seed``, and the problem it runs on.
+    """Updater ``name`` with a model seeded by ``seed`` (or with the parameters ``init``, the
+    run's shared starting point: :mod:`lit_fedco.pretrain`), and the problem it runs on.
 
     The run's problem (``cfg.objective``, or the updater's default problem; plain
     :class:`~lit_fedco.problems.Classification` when neither names one) decides the model's
@@ -266,6 +293,8 @@ def build_updater(
         cfg.model.name, tuple(data.x_train.shape[1:]), problem.num_outputs(), seed,
         cfg.model.hidden,
     )  # fmt: skip
+    if init is not None:
+        set_params(model, init)
     try:
         objective = problem.objective_for(cls.compositions, model)
     except ConfigError as err:

@@ -86,20 +86,21 @@ def save(path: Path, content: dict[str, Any]) -> None:
 
 
 # ---------------------------------------------------------------------- reading
-def load(path: Path) -> dict[str, Any]:
-    """Read and verify a checkpoint.
+def load(path: Path, key: str = "resume") -> dict[str, Any]:
+    """Read and verify a checkpoint; errors name the config ``key`` that gave ``path``.
 
     Raises:
         CheckpointError: a missing or unreadable file, one that is not a lit_fedco checkpoint,
             one cut short or altered (its checksum fails), or one that does not unpickle.
     """
-    key = "resume"
     try:
         data = Path(path).read_bytes()
     except OSError as err:
+        example = f"(e.g. {key}=RUN/pretrain-seed0/pretrained.ckpt)"
+        fix = "or resume=auto" if key == "resume" else example
         raise CheckpointError(
             f"{key}: cannot read {path} ({err.strerror or err}); give an existing checkpoint "
-            "file or resume=auto",
+            f"file {fix}",
             key=key,
         ) from None
     head = len(MAGIC) + 65
@@ -113,15 +114,14 @@ def load(path: Path) -> dict[str, Any]:
     if hashlib.sha256(payload).hexdigest() != digest:
         raise CheckpointError(
             f"{key}: {path} fails its checksum (truncated or corrupted, {len(payload)} bytes of "
-            "payload); resume from an earlier checkpoint of the run",
+            "payload); use an earlier checkpoint of the run",
             key=key,
         )
     try:
         content = torch.load(io.BytesIO(payload), weights_only=True)
     except Exception as err:  # a valid checksum over bytes that do not unpickle
         raise CheckpointError(
-            f"{key}: {path} does not load ({type(err).__name__}); resume from an earlier "
-            "checkpoint",
+            f"{key}: {path} does not load ({type(err).__name__}); use an earlier checkpoint",
             key=key,
         ) from None
     if not isinstance(content, dict) or "loop" not in content:

@@ -109,6 +109,26 @@ class ModelConfig:
 
 
 @dataclass
+class PretrainConfig:
+    """A pre-training phase (:mod:`lit_fedco.pretrain`), run once per seed before the methods;
+    every method of that seed starts from its final model.
+
+    Attributes:
+        rounds: communication rounds of the pre-training; 0: none (every method starts from
+            its own seeded initialisation, or from ``init_from``).
+        updater: the updater that pre-trains, on the run's problem: ``fedavg`` trains the
+            problem's ``erm`` objective (cross-entropy; on ``auprc`` the logistic loss of the
+            score). Its other hyperparameters come from its own config node.
+        lr: the pre-training's step size (it replaces ``<updater>.lr`` for the pre-training
+            only).
+    """
+
+    rounds: int = 0
+    updater: str = "fedavg"
+    lr: float = 0.05
+
+
+@dataclass
 class RunConfig:
     """A recipe's run: schedule, execution, tracking. Symbols as in ``ALGORITHMS.md``.
 
@@ -151,6 +171,11 @@ class RunConfig:
         failures: simulated client failures (:class:`~lit_fedco.failures.Failures`):
             ``failures.drop=p`` (a sampled client drops out before uploading) and
             ``failures.partial=p`` (a client completes only some of its local steps).
+        init_from: a lit_fedco checkpoint (``.ckpt``: any sub-run's, or a pre-training's
+            ``pretrained.ckpt``) whose model parameters (the server's ``x``) every method, and
+            the pre-training, start from; empty: the model's seeded initialisation.
+        pretrain: a pre-training phase run once per seed before the methods
+            (:class:`PretrainConfig`; ``pretrain.rounds=0``: none).
     """
 
     updaters: list[str] = field(default_factory=lambda: ["fedavg"])
@@ -182,6 +207,8 @@ class RunConfig:
     data: DataConfig = field(default_factory=DataConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
     failures: Failures = field(default_factory=Failures)
+    init_from: str = ""
+    pretrain: PretrainConfig = field(default_factory=PretrainConfig)
 
 
 def schema() -> DictConfig:

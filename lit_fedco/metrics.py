@@ -199,14 +199,11 @@ class PerClientClassification(Metric):
                 )
 
 
-class PooledAveragePrecision(Metric):
-    """Average precision of a binary scorer over all evaluated rows (FCSG §5.3's metric).
-
-    ``update(logits [n, 2], target [n], client [n])`` ranks rows by the score
-    ``logits[:, 1] − logits[:, 0]`` (class 1 positive); ``compute()`` is torchmetrics'
-    exact :class:`~torchmetrics.classification.BinaryAveragePrecision` of all rows gathered
-    from every process (AP does not depend on the order of the rows).
-    """
+class PooledScores(Metric):
+    """Base of the metrics of a binary scorer over all evaluated rows, gathered from every
+    process: ``update(logits [n, 2], target [n], client [n])`` keeps the score
+    ``logits[:, 1] − logits[:, 0]`` (class 1 positive) and the target of every row; the
+    subclass computes a scalar of all of them (independent of the order of the rows)."""
 
     full_state_update = False
     higher_is_better = True
@@ -221,12 +218,22 @@ class PooledAveragePrecision(Metric):
         self.scores.append((logits[:, 1] - logits[:, 0]).detach().to(torch.float64))  # type: ignore[union-attr,operator]
         self.targets.append(target.detach().long())  # type: ignore[union-attr,operator]
 
-    def compute(self) -> Tensor:  # type: ignore[override]
-        from torchmetrics.functional.classification import binary_average_precision
+    def gathered(self) -> tuple[Tensor, Tensor]:
+        """Every row's score (float64) and target, from every process."""
         from torchmetrics.utilities import dim_zero_cat
 
-        scores = dim_zero_cat(self.scores)  # type: ignore[arg-type]
-        targets = dim_zero_cat(self.targets)  # type: ignore[arg-type]
+        return dim_zero_cat(self.scores), dim_zero_cat(self.targets)  # type: ignore[arg-type]
+
+
+class PooledAveragePrecision(PooledScores):
+    """Average precision of a binary scorer over all evaluated rows (FCSG §5.3's metric):
+    torchmetrics' exact :class:`~torchmetrics.classification.BinaryAveragePrecision` of all
+    rows (:class:`PooledScores`)."""
+
+    def compute(self) -> Tensor:  # type: ignore[override]
+        from torchmetrics.functional.classification import binary_average_precision
+
+        scores, targets = self.gathered()
         # Scores mapped into [0, 1] by a monotone affine map: torchmetrics would apply a sigmoid
         # to scores outside [0, 1], which ties large scores (sigmoid(40) == 1 in float64).
         lo, span = scores.min(), (scores.max() - scores.min()).clamp_min(1e-300)
@@ -288,3 +295,32 @@ class TPRGapViolation(Metric):
 
     def compute(self) -> Tensor:  # type: ignore[override]
         return tpr_violation(self.tp, self.pos)
+
+
+def accuracy_at_prior(scores: Tensor, targets: Tensor) -> Tensor:
+    """Accuracy of a scorer cut at the prior-matched threshold: with P positives among the n
+    rows, the threshold τ is the P-th largest score and a row is predicted positive when its
+    score is ≥ τ (rows tied at τ all positive; P = 0: every row negative).
+
+    A ranking loss (AP, AUC) fixes the order of the scores, not their offset, so accuracy at
+    the score 0 can be that of a constant predictor for a good ranking; at τ as many rows are
+    predicted positive as there are positives (without ties precision = recall there, the
+    break-even point or R-precision), which depends on the ranking alone. Without ties it is
+    ``1 − 2 FN / n``.
+    """
+    targets = targets.long()
+    p = int((targets == 1).sum())
+    if p == 0:
+        return (targets == 0).double().mean()
+    tau = torch.topk(scores, p).values[-1]
+    return ((scores >= tau).long() == targets).double().mean()
+
+
+class PooledAccuracyAtPrior(PooledScores):
+    """:func:`accuracy_at_prior` over all evaluated rows (:class:`PooledScores`): the
+    threshold matches the number of positives of the evaluated split itself (on the AUPRC
+    task's test split, half of it)."""
+
+    def compute(self) -> Tensor:  # type: ignore[override]
+        scores, targets = self.gathered()
+        return accuracy_at_prior(scores, targets)

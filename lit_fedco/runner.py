@@ -22,6 +22,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from lit_fedco import checkpoint as ckpt
+from lit_fedco import pretrain
 from lit_fedco.assemble import (
     RESUMABLE_CHANGES,
     build_data,
@@ -83,6 +84,14 @@ def sub_runs(configs: list[tuple[str, DictConfig]], seeds: list[int]):  # type: 
                 yield i, variant, vcfg, name, seed, folder
 
 
+def pretrain_runs(configs: list[tuple[str, DictConfig]], seeds: list[int]):  # type: ignore[no-untyped-def]
+    """``(variant index, variant, config, seed, folder name)`` of every pre-training."""
+    for i, (variant, vcfg) in enumerate(configs):
+        if pretrain.enabled(vcfg):
+            for seed in seeds:
+                yield i, variant, vcfg, seed, pretrain.folder_name(i, variant, seed)
+
+
 def plan_run(
     recipe: str, cfg: DictConfig, configs: list[tuple[str, DictConfig]], seeds: list[int]
 ) -> Plan:
@@ -105,9 +114,13 @@ def plan_run(
         return plan
     if cfg.resume == "auto":
         plan.run_dir = existing_run_dir(out_dir, recipe, cfg.run_name)
+        for _, _, vcfg, seed, folder in pretrain_runs(configs, seeds):
+            pcfg = pretrain.pretrain_config(vcfg)
+            _plan_sub(plan, recipe, pcfg, str(vcfg.pretrain.updater), seed, plan.run_dir / folder)
         for _, _, vcfg, name, seed, folder in sub_runs(configs, seeds):
             _plan_sub(plan, recipe, vcfg, name, seed, plan.run_dir / folder)
-        if plan.done and not plan.resume and len(plan.done) == len(list(sub_runs(configs, seeds))):
+        total = len(list(sub_runs(configs, seeds))) + len(list(pretrain_runs(configs, seeds)))
+        if plan.done and not plan.resume and len(plan.done) == total:
             plan.notes.append(f"run {plan.run_dir.name} is already complete: nothing to run")
         return plan
     path = Path(cfg.resume)
@@ -125,8 +138,75 @@ def plan_run(
     sub_dir = path.resolve().parent.parent
     if sub_dir.name == folder and (sub_dir.parent / "config.yaml").is_file():
         plan.run_dir = sub_dir.parent  # continue in the run the checkpoint belongs to
+        for _, _, _, pseed, pfolder in pretrain_runs(configs, seeds):  # its pre-training
+            pcfg = pretrain.pretrain_config(vcfg)
+            pname = str(vcfg.pretrain.updater)
+            _plan_sub(plan, recipe, pcfg, pname, pseed, plan.run_dir / pfolder)
     plan.resume[folder] = path
     return plan
+
+
+def _starting_point(
+    recipe: str,
+    i: int,
+    variant: str,
+    vcfg: DictConfig,
+    seed: int,
+    plan: Plan,
+    run_dir: Path,
+    fabric: Any,
+    record: Any,
+) -> dict[str, Any] | None:
+    """``{"params", "from"}`` every method of (variant ``i``, ``seed``) starts from, or None
+    (each its seeded initialisation). With ``pretrain.rounds > 0`` the pre-training runs as a
+    sub-run of its own (resumed, or read back when complete) and its row is recorded.
+
+    Raises:
+        SystemExit: the pre-training diverged (exit code 1): no method can start from it.
+    """
+    base = None
+    if vcfg.init_from:
+        base = {"params": pretrain.load_params(vcfg.init_from), "from": str(vcfg.init_from)}
+    if not pretrain.enabled(vcfg):
+        return base
+    folder = pretrain.folder_name(i, variant, seed)
+    saved = run_dir / folder / pretrain.PRETRAINED
+    name = str(vcfg.pretrain.updater)
+    rank0 = fabric.global_rank == 0
+    loop = None
+    if folder in plan.done:
+        final = plan.done[folder]
+        if rank0:
+            print(f"lit_fedco: {folder} is already complete; its model is {saved}")
+    else:
+        pcfg = pretrain.pretrain_config(vcfg)
+        final, loop = run_sub(fabric, pcfg, name, seed, recipe, run_dir / folder,
+                              plan.resume.get(folder), False, base)  # fmt: skip
+    if "diverged_round" in final:
+        if rank0:
+            print(
+                f"lit_fedco: the pre-training ({name}, {folder}) diverged in round "
+                f"{int(final['diverged_round'])}; no method can start from it: lower "
+                f"pretrain.lr (got {vcfg.pretrain.lr})",
+                file=sys.stderr,
+            )
+        raise SystemExit(1)
+    if loop is None:
+        if not saved.is_file():  # removed since: the last checkpoint holds the same model
+            saved = ckpt.listing(run_dir / folder / "checkpoints")[-1]
+        params = pretrain.load_params(saved)
+    else:
+        params = {k: v.detach().clone() for k, v in loop.server["x"].items()}
+        last = run_dir / folder / "checkpoints" / ckpt.name_of(loop.round)
+        if rank0 and last.is_file():  # the final checkpoint, under a name init_from= takes
+            ckpt.atomic_write(saved, last.read_bytes())
+        elif rank0:
+            why = f"no checkpoint of round {loop.round}"
+            print(f"lit_fedco: cannot write {saved} ({why}); the methods start from the "
+                  "pre-trained model all the same", file=sys.stderr)  # fmt: skip
+    label = f"pretrain [{variant}]" if variant else "pretrain"
+    record(label, final, folder)
+    return {"params": params, "from": f"{folder}/{pretrain.PRETRAINED}"}
 
 
 def _already_done(found: dict[str, Any], cfg: DictConfig) -> bool:
@@ -267,9 +347,25 @@ def _run(
             print(f"lit_fedco: {note}", file=sys.stderr)
     rows: dict[str, list[dict[str, float]]] = {}
     folders: dict[str, list[str]] = {}
+    starts: dict[tuple[int, int], dict[str, Any] | None] = {}
+
+    def record(label: str, final: dict[str, float], folder: str) -> None:
+        rows.setdefault(label, []).append(final)
+        folders.setdefault(label, []).append(folder)
+
+    def start_of(i: int, variant: str, vcfg: DictConfig, seed: int) -> dict[str, Any] | None:
+        """The shared starting point of the methods of (variant, seed), made once: the
+        pre-training's final model (run now, or read back), or ``init_from``'s."""
+        if (i, seed) not in starts:
+            starts[i, seed] = _starting_point(
+                recipe, i, variant, vcfg, seed, plan, run_dir, fabric, record
+            )
+        return starts[i, seed]
+
     with stop_on_signals():
         try:
             for i, variant, vcfg, name, seed, folder in sub_runs(configs, seeds):
+                init = start_of(i, variant, vcfg, seed)  # a pre-training runs before its methods
                 if folder in plan.done:
                     final = plan.done[folder]
                     if rank0:
@@ -277,11 +373,9 @@ def _run(
                 else:
                     announce = name == vcfg.updaters[0]  # once per data set
                     final, _ = run_sub(fabric, vcfg, name, seed, recipe, run_dir / folder,
-                                       plan.resume.get(folder), announce)  # fmt: skip
+                                       plan.resume.get(folder), announce, init)  # fmt: skip
                 label = f"{name} [{variant}]" if variant else name
-                rows.setdefault(label, []).append(final)
-                folders.setdefault(label, []).append(folder)
-                del i
+                record(label, final, folder)
         except Stopped as stop:
             if rank0:
                 where = f"; checkpoint {stop.saved}" if stop.saved else ""

@@ -28,6 +28,7 @@ from tqdm.auto import tqdm
 
 import lit_fedco
 from lit_fedco import checkpoint as ckpt
+from lit_fedco import pretrain
 from lit_fedco.assemble import (
     DTYPES,
     RESUMABLE_CHANGES,
@@ -178,8 +179,13 @@ def run_sub(
     folder: Path,
     resume_from: Path | None = None,
     announce: bool = False,
+    init: dict[str, Any] | None = None,
 ) -> tuple[dict[str, float], FederatedLoop]:
     """Run updater ``name`` with ``seed`` into ``folder``, from ``resume_from`` if given.
+
+    ``init`` is the run's shared starting point (:mod:`lit_fedco.pretrain`): ``{"params":
+    the model parameters, "from": where they come from}``; None: the seeded initialisation.
+    It is recorded in ``status.json`` and the logged config (``init``).
 
     Returns:
         Its final metrics (``diverged_round`` when it diverged) and the loop.
@@ -197,7 +203,12 @@ def run_sub(
         write_json(folder / "partition.json", stats)
         if announce:
             print(format_partition_stats(stats), flush=True)
-    updater, problem = build_updater(cfg, name, data, seed)
+    init_params = None if init is None else init["params"]
+    updater, problem = build_updater(cfg, name, data, seed, init_params)
+    init_record = (
+        pretrain.describe(init["from"], init["params"]) if init is not None
+        else {"from": "seed", "fingerprint": pretrain.fingerprint(updater.params())}
+    )  # fmt: skip
     identity = identity_of(recipe, cfg, name, seed, data, updater.params())
     executor = make_executor(cfg.executor, cfg.chunk_size)
     loop = FederatedLoop(
@@ -218,6 +229,7 @@ def run_sub(
         "seed": seed,
         "describe": updater.describe(),
         "partition": partition_summary(stats),
+        "init": init_record,
     }
     run_label = f"{recipe}-{name}-seed{seed}"
     wandb_dir = folder.parent  # W&B writes <run folder>/wandb/
@@ -229,6 +241,7 @@ def run_sub(
     )
     if rank0:
         status.update(state="running", updater=name, seed=seed, rounds=cfg.rounds)
+        status.setdefault("init", init_record)  # a resumed sub-run keeps where it started
         status["wandb_id"] = next((getattr(lg, "version", None) for lg in loggers), None)
         write_json(status_path, status)
     folder_ck = folder / "checkpoints"

@@ -15,7 +15,7 @@ from torch.func import grad
 from lit_fedco.data import PositiveSampler, make_federated
 from lit_fedco.data.build import binarize, drop_positives
 from lit_fedco.errors import ConfigError
-from lit_fedco.metrics import PooledAveragePrecision
+from lit_fedco.metrics import PooledAccuracyAtPrior, PooledAveragePrecision, accuracy_at_prior
 from lit_fedco.objectives.conditional import AveragePrecision, auc_minmax_loss
 from lit_fedco.problems import AUPRCParams, AUPRCProblem
 from tests.helpers import LastLoops, the_run
@@ -123,6 +123,43 @@ def test_pooled_average_precision_matches_scikit_learn():
     assert float(metric.compute()) == pytest.approx(expected, rel=1e-6)  # float32 inside
 
 
+def direct_accuracy_at_prior(scores: np.ndarray, y: np.ndarray) -> float:
+    """Label the P best-scored rows positive (P: the rows' positives), and every row tied with
+    the P-th; accuracy of that labelling, counted row by row."""
+    p = int(y.sum())
+    if p == 0:
+        return float((y == 0).mean())
+    tau = sorted(scores.tolist(), reverse=True)[p - 1]
+    hits = [int(s >= tau) == t for s, t in zip(scores.tolist(), y.tolist(), strict=True)]
+    return sum(hits) / len(y)
+
+
+def test_accuracy_at_prior_matches_a_direct_computation():
+    g = torch.Generator().manual_seed(3)
+    for trial in range(20):
+        n = 1 + trial * 7
+        s = torch.randn(n, generator=g, dtype=torch.float64)
+        if trial % 3 == 0:
+            s = s.round()  # many ties
+        y = (torch.rand(n, generator=g) < 0.3).long()
+        got = float(accuracy_at_prior(s, y))
+        assert got == pytest.approx(direct_accuracy_at_prior(s.numpy(), y.numpy()), abs=1e-12)
+    # the metric pools rows from several updates; its threshold ignores the score's offset
+    s = torch.randn(300, generator=g, dtype=torch.float64)
+    y = (s + 0.8 * torch.randn(300, generator=g, dtype=torch.float64) > 1.0).long()
+    expected = direct_accuracy_at_prior(s.numpy(), y.numpy())
+    for shift in (0.0, -25.0):
+        metric = PooledAccuracyAtPrior()
+        for part in (slice(0, 120), slice(120, 300)):
+            t = s[part] + shift
+            metric.update(torch.stack([-t / 2, t / 2], dim=-1), y[part], torch.zeros_like(y[part]))
+        assert float(metric.compute()) == pytest.approx(expected, abs=1e-12)
+    # a perfect ranking is perfectly accurate at the prior, at any offset; 0 would say 0.5 here
+    y = torch.tensor([0, 0, 1, 1])
+    assert float(accuracy_at_prior(torch.tensor([-9.0, -8.0, -7.0, -6.0]), y)) == 1.0
+    assert float(accuracy_at_prior(torch.tensor([3.0, 2.0, 1.0, 0.0]), y)) == 0.0  # reversed
+
+
 def test_codas_loss_is_stationary_at_its_closed_form_saddle_point():
     """min over (a, b), max over α: a = mean positive score, b = mean negative score,
     α = m + b − a (p the batch's positive ratio)."""
@@ -158,10 +195,10 @@ def test_recipe_runs_every_method_and_logs(tmp_path):
 
     seen = LastLoops()
     argv = ["rounds=2", "local_steps=2", "eval_every=2", "cohort=4", "tracking=[csv]",
-            "progress=false", f"out_dir={tmp_path}"]  # fmt: skip
+            "progress=false", f"out_dir={tmp_path}", "pretrain.rounds=2"]  # fmt: skip
     rows = main("fcsg_auprc", DEFAULTS, argv, columns=COLUMNS, callbacks=[seen])
-    assert [name for name, _ in rows] == DEFAULTS["updaters"]
-    assert [loop.updater.name for loop in seen.loops] == DEFAULTS["updaters"]
+    assert [name for name, _ in rows] == ["pretrain", *DEFAULTS["updaters"]]
+    assert [loop.updater.name for loop in seen.loops] == ["fedavg", *DEFAULTS["updaters"]]
     for (name, (res,)), loop in zip(rows, seen.loops, strict=True):
         # AP by scikit-learn on the final server model's scores of every held-out row
         data, model = loop.data, loop.updater.model
@@ -171,4 +208,7 @@ def test_recipe_runs_every_method_and_logs(tmp_path):
         assert 0 < y.sum() < len(y)
         expected = average_precision_score(y, s.double().numpy())
         assert res["val/ap"] == pytest.approx(expected, rel=1e-6), name  # float32 inside
+        # float32 scores from batches of another size: a row at the cut may flip, no more
+        acc = direct_accuracy_at_prior(s.double().numpy(), y)
+        assert res["val/acc_prior"] == pytest.approx(acc, abs=1 / len(y) + 1e-12), name
     assert (the_run(tmp_path, "fcsg_auprc") / "fcsg_m-seed0" / "metrics.csv").is_file()

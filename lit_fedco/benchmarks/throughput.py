@@ -263,7 +263,7 @@ class PlainLoop:
         net = build_net(w, tuple(data.x_train.shape[1:]), data.num_classes, seed)
         self.net = net.to(device, dtype)
         self.names = [name for name, _ in self.net.named_parameters()]
-        self.weights = [p for _, p in self.net.named_parameters()]
+        self.weights: list[Tensor] = [p for _, p in self.net.named_parameters()]
         self.server = [p.detach().clone() for p in self.weights]
         self.total = [torch.zeros_like(p) for p in self.weights]
         self.round_idx = 0

@@ -11,7 +11,7 @@ from torch import nn
 from torchmetrics import Metric
 
 from lit_fedco.data import BatchSampler, FederatedData, PositiveSampler
-from lit_fedco.metrics import PooledAveragePrecision
+from lit_fedco.metrics import PooledAccuracyAtPrior, PooledAveragePrecision
 from lit_fedco.objectives.base import Batch, Objective
 from lit_fedco.objectives.conditional import AUCMinMax, AveragePrecision, InvariantLogReg, ScoreERM
 from lit_fedco.problems.base import Problem, ProblemParams, register_problem
@@ -119,5 +119,7 @@ class AUPRCProblem(Problem):
         return BatchSampler(data, seed)
 
     def eval_metrics(self) -> dict[str, Metric]:
-        """Average precision over all rows of the split (pooled over clients)."""
-        return {"ap": PooledAveragePrecision()}
+        """Average precision and the accuracy at the prior-matched threshold
+        (:func:`~lit_fedco.metrics.accuracy_at_prior`), over all rows of the split (pooled
+        over clients)."""
+        return {"ap": PooledAveragePrecision(), "acc_prior": PooledAccuracyAtPrior()}

@@ -5,8 +5,12 @@ AUC loss).
 Binary task: classes 0–4 negative, 5–9 positive, 80% of the training positives removed, the
 test set unchanged and split evenly over the clients; the AP objective's sampler puts
 ``auprc.positives`` positives in every minibatch. Metric: average precision of the server model
-on the whole test set (``val/ap``, torchmetrics). The embedded default uses scikit-learn's
-digits; ``preset=fcsg_auprc_fashion_mnist`` (or ``_mnist``) runs the paper's setting.
+on the whole test set (``val/ap``, torchmetrics), and the accuracy at the prior-matched threshold
+(``val/acc_prior``: as many rows predicted positive as the test set holds positives). Every
+method starts from the same network, pre-trained with cross-entropy by FedAvg (``pretrain``,
+as the authors' D-AUPRC scripts do; ``pretrain.rounds=0``: from scratch); the pre-training is
+the table's ``pretrain`` row. The embedded default uses scikit-learn's digits;
+``preset=fcsg_auprc_fashion_mnist`` (or ``_mnist``) runs the paper's setting.
 
     python -m lit_fedco.recipes.fcsg_auprc
     python -m lit_fedco.recipes.fcsg_auprc preset=fcsg_auprc_fashion_mnist \\
@@ -44,12 +48,16 @@ DEFAULTS: dict[str, Any] = {
     "fcsg": {"lr": 0.3},
     "fcsg_m": {"lr": 0.3, "beta": 0.5},
     "acc_fcsg_m": {"lr": 0.3, "beta": 0.5},
+    # every method starts from FedAvg's cross-entropy model after 20 rounds (the paper's
+    # protocol, at FedAvg's step size); measured over seeds 0-2 it raises every method's test AP
+    # (FCSG 0.986 -> 0.991) for about 8 s per seed: README, "Federated online AUPRC"
+    "pretrain": {"rounds": 20, "updater": "fedavg", "lr": 0.3},
 }
 
 COLUMNS = [
     ("val/ap", "test AP"),
     ("train/ap", "train AP"),
-    ("val/acc_pooled", "test acc"),
+    ("val/acc_prior", "test acc@prior"),
     ("comm/total_floats_per_client", "floats/client"),
     ("time_s", "time s"),
 ]
