@@ -89,7 +89,7 @@ class FederatedLoop:
         cfg, upd = self.cfg, self.updater
         k = self.data.num_clients
         cohort = sample_cohort(cfg.seed, self.round, k, cfg.cohort)
-        mine = cohort[self.rank :: self.world]
+        mine = cohort[self.rank :: self.world].contiguous()  # searchsorted warns on a strided view
         info = RoundInfo(self.round, k, cohort, self.local_steps, cfg.seed)
         roles = upd.batch_roles
         idx = self.sampler.sample_round(mine, self.round, self.local_steps, roles, cfg.batch_size)

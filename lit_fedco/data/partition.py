@@ -366,9 +366,28 @@ def assign_classes(
         rng: the only source of randomness.
 
     Raises:
-        ConfigError: ``per_client`` exceeds the number of classes.
+        ConfigError: ``per_client`` exceeds the number of classes, leaves a class without a
+            client (``per_client × K`` below the number of classes), or (``per_client`` = 0)
+            there are more clients than classes to share.
     """
     classes = rng.permutation(classes)
+    if per_client == 0 and num_clients > len(classes):
+        raise ConfigError.bad_value(
+            "data.num_clients",
+            num_clients,
+            f"at most the {len(classes)} classes for a disjoint share of whole classes "
+            "(data.classes_per_client=0); or give each client data.classes_per_client >= 1",
+            str(len(classes)),
+        )
+    if per_client > 0 and per_client * num_clients < len(classes):
+        need = -(-len(classes) // num_clients)
+        raise ConfigError.bad_value(
+            "data.classes_per_client",
+            per_client,
+            f"at least {need}, so that each of the {len(classes)} classes has a client "
+            f"({num_clients} clients)",
+            str(need),
+        )
     if per_client == 0:
         holders = {
             int(c): [k] for k, part in enumerate(np.array_split(classes, num_clients)) for c in part
