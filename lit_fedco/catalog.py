@@ -26,6 +26,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigKeyError
 
+from lit_fedco.config_errors import unknown_key_error
 from lit_fedco.errors import ConfigError
 
 SCHEMA_FILE = Path(__file__).resolve().parent / "schema.json"
@@ -150,19 +151,7 @@ def unknown_key(err: ConfigKeyError, source: str) -> ConfigError:
     """The full check's message for a key the schema does not have
     (``lit_fedco.config._friendly``): the key, where it came from, the closest valid key and
     the valid keys of its node."""
-    key = getattr(err, "full_key", None) or "?"
-    parent, _, leaf = str(key).rpartition(".")
-    node: Any = typed_schema()
-    for part in parent.split(".") if parent else []:
-        node = node[part] if isinstance(node, DictConfig) and part in node else None
-    valid = [str(k) for k in node] if isinstance(node, DictConfig) else []
-    close = difflib.get_close_matches(leaf, valid, n=1)
-    hint = f"did you mean {(parent + '.' if parent else '') + close[0]!r}? " if close else ""
-    return ConfigError(
-        f"{key}: unknown config key (from {source}); {hint}"
-        f"valid keys{' under ' + parent if parent else ''}: {', '.join(valid)}",
-        key=str(key),
-    )
+    return unknown_key_error(str(getattr(err, "full_key", None) or "?"), source, typed_schema())
 
 
 def _resolve_preset(preset: str) -> Path | None:

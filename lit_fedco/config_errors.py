@@ -75,25 +75,31 @@ def _misplaced(layer: Any, cfg: DictConfig, prefix: str = "") -> tuple[str, Any,
     return None
 
 
+def unknown_key_error(key: str, source: str, cfg: DictConfig) -> ConfigError:
+    """``key`` is not in ``cfg`` (it came from ``source``): the error names the closest valid
+    key and the valid keys of its node. Shared by the full check and the torch-free one
+    (:mod:`lit_fedco.catalog`), so that both word it alike."""
+    parent, _, leaf = key.rpartition(".")
+    node: Any = cfg
+    for part in parent.split(".") if parent else []:
+        node = node[part] if isinstance(node, DictConfig) and part in node else None
+    valid = [str(k) for k in node] if isinstance(node, DictConfig) else []
+    close = difflib.get_close_matches(leaf, valid, n=1)
+    hint = f"did you mean {(parent + '.' if parent else '') + close[0]!r}? " if close else ""
+    return ConfigError(
+        f"{key}: unknown config key (from {source}); {hint}"
+        f"valid keys{' under ' + parent if parent else ''}: {', '.join(valid)}",
+        key=key,
+    )
+
+
 def friendly(err: Exception, source: str, layer: Any, cfg: DictConfig) -> ConfigError:
     """The one-line error for ``err``, raised merging ``layer`` (from ``source``, e.g. "the
     command line") into ``cfg``: an unknown key with the closest valid one, or a value of the
     wrong type with what was expected and an example."""
     key = getattr(err, "full_key", None)
     if isinstance(err, ConfigKeyError):
-        key = key or "?"
-        parent, _, leaf = str(key).rpartition(".")
-        node: Any = cfg
-        for part in parent.split(".") if parent else []:
-            node = node[part] if isinstance(node, DictConfig) and part in node else None
-        valid = [str(k) for k in node] if isinstance(node, DictConfig) else []
-        close = difflib.get_close_matches(leaf, valid, n=1)
-        hint = f"did you mean {(parent + '.' if parent else '') + close[0]!r}? " if close else ""
-        return ConfigError(
-            f"{key}: unknown config key (from {source}); {hint}"
-            f"valid keys{' under ' + parent if parent else ''}: {', '.join(valid)}",
-            key=str(key),
-        )
+        return unknown_key_error(str(key or "?"), source, cfg)
     value = getattr(err, "value", None)
     msg = str(getattr(err, "msg", None) or err or type(err).__name__).splitlines()[0]
     expected = _expected(msg)
