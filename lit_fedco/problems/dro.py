@@ -134,8 +134,9 @@ class DistributedObjectiveValue(Metric):
         losses = dim_zero_cat(self.losses)  # type: ignore[arg-type]
         clients = dim_zero_cat(self.clients)  # type: ignore[arg-type]
         obj = self.objective
-        parts = [losses[clients == k] for k in range(self.num_clients)]
-        parts = [part for part in parts if len(part)]
+        counts = torch.bincount(clients, minlength=self.num_clients).tolist()
+        grouped = losses[torch.argsort(clients, stable=True)].split(counts)
+        parts = [part for part in grouped if len(part)]  # one sort, not a mask per client
         probes = torch.stack([obj.probe_of_losses(part) for part in parts])
         units = obj.units(probes)
         g = obj.cohort_mean(probes, units)
