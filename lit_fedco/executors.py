@@ -8,6 +8,9 @@ Both executors call the *same* per-client function (an updater's ``client_step``
   chunks of ``chunk_size`` clients to bound memory. Fast for small models and many clients.
 - :class:`SequentialExecutor` — a plain loop over clients. For models that cannot be vmapped
   (data-dependent control flow, in-place buffers) and, on CPU, conv nets, where a loop is as fast.
+  When no state entry is synced between local steps, it runs each client's I steps one after
+  the other (:meth:`SequentialExecutor.run_clients`, the order of a plain per-client loop), so
+  the cohort's states are stacked once per round instead of after every step.
 """
 
 from __future__ import annotations
@@ -23,6 +26,8 @@ from lit_fedco.state import index, stack, tree_map
 
 ClientFn = Callable[[Any, Any, Any], Any]
 """``fn(state, batches, ctx) -> output`` for one client; outputs are pytrees of tensors."""
+StepFn = Callable[[int, Any, Any, Any], tuple[Any, Any]]
+"""``step(t, state, batches, ctx) -> (state, logs)``: local step t of one client."""
 
 
 class Executor:
@@ -37,8 +42,31 @@ class Executor:
             )
         self.chunk_size = chunk_size
 
+    client_major = False
+    """Whether :meth:`run_clients` runs every local step of one client before the next client
+    (else the round runs step t of every client, then step t + 1)."""
+
     def map(self, fn: ClientFn, states: Any, batches: Any, ctx: Any, n: int) -> Any:
         """Apply ``fn`` to each of the ``n`` clients; outputs stacked along dim 0."""
+        raise NotImplementedError
+
+    def run_clients(
+        self, step: StepFn, states: Any, batches: list[Any], ctx: Any, n: int
+    ) -> tuple[Any, list[Any]]:
+        """Every local step of every client, client by client (only where no entry is synced
+        between steps, so clients do not wait on each other).
+
+        Args:
+            step: ``step(t, state, batches, ctx) -> (state, logs)`` for one client.
+            states: the clients' states at step 0, stacked ``[n, ...]``.
+            batches: step t's minibatches of the ``n`` clients (``[n, ...]``), for every t.
+            ctx: what the round context broadcasts.
+            n: clients.
+
+        Returns:
+            The final states, stacked; each step's logs, stacked ``[n]`` (as :meth:`map` gives
+            them).
+        """
         raise NotImplementedError
 
 
@@ -67,6 +95,7 @@ class SequentialExecutor(Executor):
     """A loop over clients, calling the same per-client function."""
 
     name = "sequential"
+    client_major = True
 
     def map(self, fn: ClientFn, states: Any, batches: Any, ctx: Any, n: int) -> Any:
         outs = [
@@ -74,6 +103,20 @@ class SequentialExecutor(Executor):
             for i in range(n)
         ]
         return stack(outs)
+
+    def run_clients(
+        self, step: StepFn, states: Any, batches: list[Any], ctx: Any, n: int
+    ) -> tuple[Any, list[Any]]:
+        finals, logs = [], []
+        for i in range(n):
+            state, mine = index(states, i), []
+            for t, b in enumerate(batches):
+                state, out = step(t, state, index(b, i), ctx)
+                mine.append(out)
+            finals.append(state)
+            logs.append(mine)
+        per_step = [stack([logs[i][t] for i in range(n)]) for t in range(len(batches))]
+        return stack(finals), per_step
 
 
 EXECUTORS: dict[str, type[Executor]] = {

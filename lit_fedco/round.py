@@ -305,7 +305,19 @@ def federated_round(
     step_keys = [k for k, s in sync.items() if s is Sync.STEP]
     log_sum: dict[str, Tensor] = {}
     step_mean: State = {}
-    for t in range(steps):
+    client_major = ex.client_major and not step_keys and done is None
+    if client_major:
+        # Clients do not wait on each other: each runs its I steps in turn (a plain loop's
+        # order, the same numbers), the cohort's states stacked once. Step t's batches are
+        # copied out of the sampler's reused buffers before step t + 1 is gathered.
+        copy = partial(tree_map, torch.clone)
+        steps_b = [copy(first), *(copy(batches(t)) for t in range(1, steps))][:steps]
+        states, step_logs = ex.run_clients(partial(_step, upd), states, steps_b,
+                                           ctx.broadcast, n)  # fmt: skip
+        for logs in step_logs:
+            for key, v in logs.items():
+                log_sum[key] = log_sum.get(key, 0.0) + _sum_rows(v.detach(), None)
+    for t in range(0 if client_major else steps):
         running = None if done is None else _rows(done > t, device)  # None: all of them
         new, logs = ex.map(partial(_step, upd, t), states, first if t == 0 else batches(t),
                            ctx.broadcast, n)  # fmt: skip
