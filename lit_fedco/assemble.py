@@ -17,7 +17,7 @@ from omegaconf import DictConfig, OmegaConf
 from lit_fedco.config import problem_name, problem_params, updater_hparams
 from lit_fedco.data import FederatedData, make_federated
 from lit_fedco.errors import ConfigError
-from lit_fedco.executors import make_executor
+from lit_fedco.executors import choose_executor, make_executor
 from lit_fedco.failures import Failures
 from lit_fedco.loop import LoopConfig
 from lit_fedco.models import build_model
@@ -168,13 +168,19 @@ def loop_config(cfg: DictConfig, seed: int) -> LoopConfig:
     )
 
 
+def run_executor(cfg: DictConfig) -> str:
+    """The executor the run uses (``executor=auto`` resolved for its model and device:
+    :func:`~lit_fedco.executors.choose_executor`)."""
+    return choose_executor(cfg.executor, cfg.model.name, cfg.accelerator)
+
+
 def check_run(cfg: DictConfig) -> None:
     """Every check that can fail on user input, before any process starts or file is written."""
     for name in cfg.updaters:
         updater_hparams(cfg, name)
     if cfg.dtype not in DTYPES:
         raise ConfigError.bad_value("dtype", cfg.dtype, f"one of {sorted(DTYPES)}", "float32")
-    make_executor(cfg.executor, cfg.chunk_size)
+    make_executor(run_executor(cfg), cfg.chunk_size)
     if "wandb" in check_tracking(list(cfg.tracking), cfg.project):
         check_wandb_server()  # online: the server answers, or offline with a warning
     seeds = list(cfg.seeds)

@@ -142,7 +142,9 @@ class RunConfig:
         cohort: m, the clients sampled per round.
         batch_size: b, the minibatch size per client and local step.
         eval_every: E, evaluate every E rounds (and after the last round).
-        executor: ``vectorized`` (vmap over clients) or ``sequential`` (a loop).
+        executor: ``auto`` (``sequential`` for ResNet-20 on the CPU, ``vectorized``
+            otherwise, as measured; the run's ``config.yaml`` records the choice),
+            ``vectorized`` (vmap over clients) or ``sequential`` (a loop).
         chunk_size: clients per vmap call (0: all of a rank's cohort at once).
         dtype: ``float32`` or ``float64``.
         accelerator / devices / num_nodes / strategy: passed to ``lightning.fabric.Fabric``.
@@ -186,7 +188,7 @@ class RunConfig:
     cohort: int = 10
     batch_size: int = 16
     eval_every: int = 10
-    executor: str = "vectorized"
+    executor: str = "auto"
     chunk_size: int = 0
     dtype: str = "float32"
     accelerator: str = "cpu"

@@ -29,6 +29,7 @@ from lit_fedco.assemble import (
     build_updater,
     check_run,
     make_fabric,
+    run_executor,
 )
 from lit_fedco.config import load_config, variant_configs
 from lit_fedco.cpu_memory import keep_freed_memory
@@ -297,6 +298,8 @@ def main(
     try:
         cfg = load_config(argv, defaults)
         configs = variant_configs(argv, defaults, cfg)  # one per variant, or just cfg
+        for c in [cfg, *(c for _, c in configs)]:  # executor=auto: the choice is recorded
+            c.executor = run_executor(c)
         seeds = list(cfg.seeds) or [cfg.seed]
         for variant, c in configs if not child else []:
             try:

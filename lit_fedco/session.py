@@ -37,6 +37,7 @@ from lit_fedco.assemble import (
     loop_config,
     partition_summary,
     relevant_config,
+    run_executor,
 )
 from lit_fedco.data import FederatedData, format_partition_stats
 from lit_fedco.executors import make_executor
@@ -210,7 +211,7 @@ def run_sub(
         else {"from": "seed", "fingerprint": pretrain.fingerprint(updater.params())}
     )  # fmt: skip
     identity = identity_of(recipe, cfg, name, seed, data, updater.params())
-    executor = make_executor(cfg.executor, cfg.chunk_size)
+    executor = make_executor(run_executor(cfg), cfg.chunk_size)
     loop = FederatedLoop(
         fabric, updater, data, loop_config(cfg, seed), executor, DTYPES[cfg.dtype], problem
     )

@@ -6,7 +6,13 @@ import numpy as np
 import pytest
 import torch
 
-from lit_fedco.executors import SequentialExecutor
+from lit_fedco.errors import ConfigError
+from lit_fedco.executors import (
+    SEQUENTIAL_ON_CPU,
+    SequentialExecutor,
+    choose_executor,
+    make_executor,
+)
 from lit_fedco.state import tree_leaves
 from tests.helpers import assert_executors_agree, flat_server, make_loop
 
@@ -81,3 +87,39 @@ def test_step_synced_entries_keep_the_step_major_order():
     steps ahead of the others (its numbers equal the vectorized executor's)."""
     assert SequentialExecutor.client_major
     assert_executors_agree("feddro", {"lr": 0.05})
+
+
+@pytest.mark.parametrize(
+    "model,accelerator,expected",
+    [
+        ("resnet20", "cpu", "sequential"),
+        ("cnn", "cpu", "vectorized"),
+        ("conv4", "cpu", "vectorized"),
+        ("logreg", "cpu", "vectorized"),
+        ("mlp", "cpu", "vectorized"),
+        ("resnet20", "gpu", "vectorized"),
+        ("resnet20", "cuda", "vectorized"),
+    ],
+)
+def test_auto_picks_the_executor_measured_faster(model, accelerator, expected):
+    assert choose_executor("auto", model, accelerator) == expected
+    for name in ("vectorized", "sequential"):  # a named executor is never overridden
+        assert choose_executor(name, model, accelerator) == name
+
+
+def test_auto_on_an_auto_accelerator_follows_the_visible_device():
+    expected = "vectorized" if torch.cuda.is_available() else "sequential"
+    assert choose_executor("auto", "resnet20", "auto") == expected
+    assert choose_executor("auto", "conv4", "auto") == "vectorized"
+
+
+def test_every_model_auto_runs_sequentially_is_a_known_model():
+    from lit_fedco.models import build_model
+
+    for name in SEQUENTIAL_ON_CPU:
+        assert build_model(name, (3, 32, 32), 10, 0) is not None
+
+
+def test_an_unknown_executor_names_the_choices():
+    with pytest.raises(ConfigError, match=r"executor.*'loop'.*auto.*sequential.*vectorized"):
+        make_executor("loop")

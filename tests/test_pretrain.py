@@ -70,6 +70,7 @@ def test_pretraining_is_shared_by_every_method_and_init_from_reads_it_back(tmp_p
     assert rounds == [1, 2]
     config = (run_dir / "config.yaml").read_text()
     assert "rounds: 3" in config and "lr: 0.1" in config  # what ran is recorded
+    assert "executor: vectorized" in config  # executor=auto's choice for the cnn, recorded
 
     # init_from: a run without pre-training starts from the file and ends where fcsg did
     starts_b = Starts()

@@ -79,6 +79,7 @@ def test_recipe_writes_a_wandb_offline_run_and_csv(tmp_path):
     assert float(rows[-1]["val/acc_worst"]) == pytest.approx(evals[-1]["val/acc_worst"])
     hp = yaml.safe_load((run_dir / "config.yaml").read_text())
     assert hp["updaters"] == ["comfedl"] and hp["data"]["big"] == 200
+    assert hp["executor"] == "vectorized"  # executor=auto's choice for logreg, recorded
 
 
 def test_comfedl_dro_compares_drfl_and_qfedavg_by_default(tmp_path):

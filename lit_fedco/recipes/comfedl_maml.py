@@ -36,7 +36,6 @@ DEFAULTS: dict[str, Any] = {
     "batch_size": 32,
     "eval_every": 10,
     "threads": 1,
-    "executor": "sequential",  # conv nets on CPU: a loop over clients is as fast as vmap
     "data": {
         "name": "digits",
         "partition": "dominant_class",

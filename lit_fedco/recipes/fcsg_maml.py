@@ -31,7 +31,6 @@ DEFAULTS: dict[str, Any] = {
     "batch_size": 1,  # tasks per client per step (the meta-batch; 1 keeps it to minutes)
     "eval_every": 10,
     "threads": 1,
-    "executor": "sequential",  # conv nets on CPU: a loop over clients is as fast as vmap
     "data": {
         "name": "digits",
         "partition": "classes",
