@@ -60,15 +60,33 @@ class Comm:
 
     def __init__(self, dtype: torch.dtype = torch.float64) -> None:
         self.dtype = dtype
+        self._carry: Tensor | None = None
+        self.carried: Tensor | None = None
+        """The sums of the values last given to :meth:`carry`, once a collective took them."""
 
     def all_sum(self, flat: Tensor) -> Tensor:
         """The element-wise sum of ``flat`` over all processes (one collective)."""
         raise NotImplementedError
 
+    def carry(self, values: Tensor) -> None:
+        """Sum ``values`` (1-D) over processes in the next collective, appended to its buffer
+        instead of a collective of their own; their sums are then in :attr:`carried` (None
+        until then). Every process must call it at the same point (e.g. once per round), as
+        for any collective. The run's stop request travels this way in the aggregation."""
+        self._carry, self.carried = values.reshape(-1), None
+
     def sum_tree(self, tree: Any) -> Any:
-        """:meth:`all_sum` of a pytree, flattened into one buffer first."""
+        """:meth:`all_sum` of a pytree, flattened into one buffer first (with the values
+        given to :meth:`carry`, if any)."""
         flat, meta, spec = flatten(tree)
-        return unflatten(self.all_sum(flat.to(self.dtype)), meta, spec)
+        flat = flat.to(self.dtype)
+        if self._carry is None:
+            return unflatten(self.all_sum(flat), meta, spec)
+        size = flat.numel()
+        extra = self._carry.to(flat.device, self.dtype)
+        total = self.all_sum(torch.cat([flat, extra]))
+        self._carry, self.carried = None, total[size:]
+        return unflatten(total[:size], meta, spec)
 
     def cohort_rows(self, local: Any, positions: Tensor, m: int) -> Any:
         """Every cohort client's row, ``[m, ...]`` in cohort order, from this process's rows

@@ -24,6 +24,7 @@ from typing import Any
 import torch
 from lightning.fabric import Fabric
 from omegaconf import DictConfig, OmegaConf
+from torch import Tensor
 from tqdm.auto import tqdm
 
 import lit_fedco
@@ -42,6 +43,7 @@ from lit_fedco.assemble import (
 from lit_fedco.data import FederatedData, format_partition_stats
 from lit_fedco.executors import make_executor
 from lit_fedco.loop import FederatedLoop
+from lit_fedco.round import Comm
 from lit_fedco.rundir import History, read_json, sweep, write_json
 from lit_fedco.state import tree_leaves
 from lit_fedco.tracking import finalize_loggers, make_loggers
@@ -89,12 +91,32 @@ def stop_on_signals() -> Iterator[None]:
         _REQUESTED.clear()
 
 
-def stop_requested(fabric: Fabric) -> int:
-    """The signal asking every process to stop, or 0; with several processes one collective,
-    so that all of them stop after the same round."""
+SIGNALS = 65
+"""Signal numbers a stop request can carry (0: none; Linux's are 1–64)."""
+
+
+def stop_request() -> Tensor:
+    """This process's stop request as a one-hot vector over signal numbers (all zero: none):
+    summed over processes, the highest signal any of them received is the last non-zero."""
+    flags = torch.zeros(SIGNALS)
+    if _REQUESTED:
+        flags[min(_REQUESTED[0], SIGNALS - 1)] = 1.0
+    return flags
+
+
+def stop_requested(fabric: Fabric, comm: Comm | None = None) -> int:
+    """The signal asking every process to stop, or 0, the same on every process so that all
+    of them stop after the same round.
+
+    With ``comm``, the requests that travelled in the round's aggregation
+    (:meth:`~lit_fedco.round.Comm.carry`, given :func:`stop_request` before the round): no
+    collective of their own. Without it, or when no collective took them, one collective."""
     mine = _REQUESTED[0] if _REQUESTED else 0
     if fabric.world_size == 1:
         return mine
+    if comm is not None and comm.carried is not None:
+        hits = torch.nonzero(comm.carried.cpu() > 0.5).flatten()
+        return int(hits[-1]) if len(hits) else 0
     got = fabric.all_reduce(torch.tensor([float(mine)]), reduce_op="max")
     return int(got.item())  # type: ignore[union-attr]
 
@@ -285,11 +307,13 @@ def run_sub(
         every = cfg.checkpoint_every
         if loop.round == cfg.rounds or (every and loop.round % every == 0):
             save()
-        if signum := stop_requested(fabric):
+        if signum := stop_requested(fabric, loop.comm):
             raise Stopped(signum, loop.round, save())
+        loop.comm.carry(stop_request())  # rides the next round's aggregation
 
     start = time.perf_counter()
     outcome = "failed"
+    loop.comm.carry(stop_request())  # stop requests ride each round's aggregation
     try:
         final = loop.run(on_round)
         outcome = "complete"

@@ -111,10 +111,13 @@ def test_kill_9_at_random_rounds_then_resume_is_bit_identical(tmp_path, devices)
         assert not list(run_dir.rglob(".*.tmp*"))  # no orphaned temporary files
 
 
-def test_sigterm_stops_after_a_checkpoint_and_resume_finishes(tmp_path):
+@pytest.mark.parametrize("devices", [1, 2])
+def test_sigterm_stops_after_a_checkpoint_and_resume_finishes(tmp_path, devices):
+    """SIGTERM to the launching process stops every process after the same round: with 2
+    processes, rank 1 learns of it from the stop request carried in a round's aggregation."""
     proc = subprocess.Popen(
-        command(tmp_path, "run_name=t"), env=env(), cwd=REPO, stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE, text=True,
+        command(tmp_path, "run_name=t", devices=devices), env=env(), cwd=REPO,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
     run_dir = tmp_path / "ds_feddro" / "t"
     deadline = time.time() + 120
@@ -131,9 +134,9 @@ def test_sigterm_stops_after_a_checkpoint_and_resume_finishes(tmp_path):
         ckpt.load(ckpt.listing(run_dir / "feddro-seed0" / "checkpoints")[-1])["loop"]["round"]
         == stopped_at
     )  # the checkpoint is of the round it stopped after
-    resumed = run(tmp_path, "run_name=t", "resume=auto")
+    resumed = run(tmp_path, "run_name=t", "resume=auto", devices=devices)
     assert resumed.returncode == 0, resumed.stderr[-2000:]
-    again = run(tmp_path, "run_name=t", "resume=auto")
+    again = run(tmp_path, "run_name=t", "resume=auto", devices=devices)
     assert again.returncode == 0 and "already complete" in again.stderr + again.stdout
 
 
