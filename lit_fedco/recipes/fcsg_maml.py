@@ -10,7 +10,7 @@ held-out classes (``val/acc_avg``; chance is 1/N). The embedded default draws 5-
 tasks from scikit-learn's digits (7 digits × 4 rotations = 28 training classes, 6 per client;
 3 held-out digits × 4 rotations = 12 evaluation classes); ``preset=fcsg_maml_omniglot_1shot``
 (or ``_5shot``) runs the paper's Omniglot setting from a local ``data.data_dir``. The default
-runs 1 seed (about 4 min on 2 shared CPU cores).
+runs 1 seed (about 1 min on 2 shared CPU cores).
 
     python -m lit_fedco.recipes.fcsg_maml
     python -m lit_fedco.recipes.fcsg_maml maml.first_order=true updaters=[fcsg_m]
