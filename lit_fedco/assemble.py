@@ -25,7 +25,7 @@ from lit_fedco.pretrain import check as check_pretrain
 from lit_fedco.pretrain import check_shapes, enabled, load_params, pretrain_config, set_params
 from lit_fedco.problems import Classification, Problem, ProblemParams, get_problem
 from lit_fedco.tracking import check_tracking, check_wandb_server
-from lit_fedco.updaters.base import CompositionalUpdater, get_updater
+from lit_fedco.updaters.base import CompositionalUpdater, available_updaters, get_updater
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64}
 
@@ -171,7 +171,11 @@ def loop_config(cfg: DictConfig, seed: int) -> LoopConfig:
 def run_executor(cfg: DictConfig) -> str:
     """The executor the run uses (``executor=auto`` resolved for its model and device:
     :func:`~lit_fedco.executors.choose_executor`)."""
-    return choose_executor(cfg.executor, cfg.model.name, cfg.accelerator)
+    names = list(cfg.updaters)
+    if cfg.pretrain.rounds > 0:
+        names.append(cfg.pretrain.updater)
+    updaters = [get_updater(n) for n in names if n in available_updaters()]
+    return choose_executor(cfg.executor, cfg.model.name, cfg.accelerator, updaters)
 
 
 def check_run(cfg: DictConfig) -> None:

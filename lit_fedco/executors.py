@@ -15,7 +15,7 @@ Both executors call the *same* per-client function (an updater's ``client_step``
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -131,7 +131,7 @@ SEQUENTIAL_ON_CPU = frozenset({"resnet20"})
 """:func:`lit_fedco.models.build_model` names that ``auto`` runs sequentially on the CPU."""
 
 
-def choose_executor(name: str, model: str, accelerator: str) -> str:
+def choose_executor(name: str, model: str, accelerator: str, updaters: Sequence[type] = ()) -> str:
     """The executor a run uses: ``name`` itself, or for ``auto`` the one measured faster
     for the model and device (``python -m lit_fedco.benchmarks.throughput``, 1 thread,
     client-steps/s as a fraction of a plain per-client loop's):
@@ -145,13 +145,19 @@ def choose_executor(name: str, model: str, accelerator: str) -> str:
       faster than sequential for the ``cnn`` and ``conv4`` recipes (``fcsg_auprc``,
       ``fcsg_maml``).
 
+    - ``sequential`` wherever an updater of the run cannot run under ``vmap`` on the model
+      (its ``unvmappable_models``: ComFedL-(DA)MAML and FedMAML on ``conv4``), on any device.
+
     Args:
         name: the config's ``executor``.
         model: the config's ``model.name``.
         accelerator: the config's ``accelerator`` (``auto``: a GPU when one is visible).
+        updaters: the run's updater classes.
     """
     if name != AUTO:
         return name
+    if any(model in getattr(u, "unvmappable_models", ()) for u in updaters):
+        return "sequential"
     on_cpu = accelerator == "cpu" or (accelerator == "auto" and not torch.cuda.is_available())
     return "sequential" if on_cpu and model in SEQUENTIAL_ON_CPU else "vectorized"
 

@@ -146,6 +146,13 @@ class Conv4(nn.Module):
 MODELS = ("logreg", "mlp", "resnet20", "linear", "cnn", "conv4")
 
 
+BATCH_STATISTICS_MODELS = frozenset({"conv4"})
+"""Models whose batch norm normalises with each batch's own statistics. A vjp of a gradient
+through them (ComFedL-MAML's pullback of the adaptation step, Per-FedAvg's Hessian-vector
+product) raises under ``vmap`` in torch 2.14 ("accessing `data` under vmap transform is not
+allowed"); grad of grad (FCSG's MAML) does not."""
+
+
 def build_model(
     name: str, input_shape: tuple[int, ...], num_classes: int, seed: int, hidden: int = 64
 ) -> nn.Module:

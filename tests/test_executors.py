@@ -123,3 +123,20 @@ def test_every_model_auto_runs_sequentially_is_a_known_model():
 def test_an_unknown_executor_names_the_choices():
     with pytest.raises(ConfigError, match=r"executor.*'loop'.*auto.*sequential.*vectorized"):
         make_executor("loop")
+
+
+def test_auto_runs_sequentially_where_an_updater_cannot_be_vmapped_on_the_model():
+    """ComFedL-(DA)MAML and FedMAML take a vjp of a gradient through conv4's batch-statistics
+    batch norm, which vmap refuses: ``auto`` runs them sequentially there, on any device."""
+    from lit_fedco.updaters import get_updater
+
+    for name in ("comfedl_maml", "comfedl_damaml", "fedmaml"):
+        cls = get_updater(name)
+        for accelerator in ("cpu", "gpu"):
+            assert choose_executor("auto", "conv4", accelerator, [cls]) == "sequential"
+        assert choose_executor("auto", "mlp", "cpu", [cls]) == "vectorized"  # no batch norm
+    for name in ("fcsg", "fedavg", "tr_maml", "ditto"):  # grad of grad: vmappable on conv4
+        assert choose_executor("auto", "conv4", "cpu", [get_updater(name)]) == "vectorized"
+    mixed = [get_updater("fedavg"), get_updater("fedmaml")]
+    assert choose_executor("auto", "conv4", "cpu", mixed) == "sequential"  # one run, one choice
+    assert choose_executor("vectorized", "conv4", "cpu", mixed) == "vectorized"  # as asked

@@ -36,10 +36,6 @@ DEFAULTS: dict[str, Any] = {
     "batch_size": 32,
     "eval_every": 10,
     "threads": 1,
-    # not executor=auto's vectorized: ComFedL-(DA)MAML's vjp of the adaptation step and
-    # Per-FedAvg's Hessian-vector product (vjp of grad) through conv4's batch-statistics batch
-    # norm raise "accessing `data` under vmap transform is not allowed" under vmap (torch 2.14)
-    "executor": "sequential",
     "data": {
         "name": "digits",
         "partition": "dominant_class",

@@ -104,6 +104,10 @@ class CompositionalUpdater(Generic[H]):
     replacing it by the mean (DS-FedDRO's γ_x, γ_y; γ = 1 is averaging)."""
     broadcast_keys: ClassVar[tuple[str, ...]] = ("x",)
     """Server-state entries every cohort client starts the round from (those present)."""
+    unvmappable_models: ClassVar[frozenset[str]] = frozenset()
+    """Models (:func:`lit_fedco.models.build_model` names) on which this updater's client step
+    cannot run under ``vmap``; ``executor=auto`` runs a run with such a pair sequentially
+    (:func:`lit_fedco.executors.choose_executor`)."""
 
     def __init__(self, hparams: H, model: nn.Module, objective: Objective | None = None) -> None:
         if not isinstance(hparams, self.hparams_cls):
@@ -255,6 +259,7 @@ def combine(
     default_problem: str = "",
     hparams_cls: type[Hparams] | None = None,
     doc: str = "",
+    unvmappable_models: frozenset[str] = frozenset(),
 ) -> type[CompositionalUpdater]:
     """Register ``algorithm`` on other objectives under a name of its own: a method that is
     one algorithm on another composition (ComFedL-MAML is ComFedL on the MAML composition,
@@ -267,8 +272,11 @@ def combine(
         default_problem: the problem it runs on when the run names none.
         hparams_cls: its hyperparameters (default: the algorithm's).
         doc: its docstring (one line: the method, with the paper's equation).
+        unvmappable_models: models its client step cannot run under ``vmap`` on (added to
+            the algorithm's :attr:`~CompositionalUpdater.unvmappable_models`).
     """
     attrs: dict[str, Any] = {
+        "unvmappable_models": algorithm.unvmappable_models | unvmappable_models,
         "compositions": compositions,
         "default_problem": default_problem or algorithm.default_problem,
         "hparams_cls": hparams_cls or algorithm.hparams_cls,

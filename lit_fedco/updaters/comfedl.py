@@ -32,6 +32,7 @@ from typing import Any, ClassVar
 from torch import Tensor
 from torch.func import grad, vjp
 
+from lit_fedco.models import BATCH_STATISTICS_MODELS
 from lit_fedco.objectives.base import Batch, Context
 from lit_fedco.state import State, tree_axpy, tree_map
 from lit_fedco.updaters.base import CompositionalUpdater, Hparams, combine, register
@@ -73,6 +74,7 @@ ComFedLMAML = combine(
     compositions=("local",),
     default_problem="pfl",
     doc="ComFedL-MAML: Algorithm 1 on the MAML composition of the pfl problem (eq. 7, §5.2).",
+    unvmappable_models=BATCH_STATISTICS_MODELS,
 )
 ComFedLDAMAML = combine(
     "comfedl_damaml",
@@ -80,4 +82,5 @@ ComFedLDAMAML = combine(
     compositions=("damaml",),
     default_problem="pfl",
     doc="ComFedL-DAMAML: Algorithm 1 on DA-MAML (eq. 10, §5.2); γ and the form are pfl's.",
+    unvmappable_models=BATCH_STATISTICS_MODELS,
 )

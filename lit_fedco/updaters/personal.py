@@ -24,6 +24,7 @@ from torch import Tensor, nn
 from torch.func import grad
 
 from lit_fedco.errors import ConfigError
+from lit_fedco.models import BATCH_STATISTICS_MODELS
 from lit_fedco.objectives.base import Batch, Context, Objective
 from lit_fedco.objectives.maml import per_fedavg_direction
 from lit_fedco.objectives.personalized import MetaLearning
@@ -60,6 +61,7 @@ class FedMAML(FedAvg[FedMAMLHparams]):
     hparams_cls = FedMAMLHparams
     compositions: ClassVar[tuple[str, ...]] = ("local",)
     default_problem: ClassVar[str] = "pfl"
+    unvmappable_models: ClassVar[frozenset[str]] = BATCH_STATISTICS_MODELS
 
     def __init__(
         self, hparams: FedMAMLHparams, model: nn.Module, objective: Objective | None = None
