@@ -7,7 +7,9 @@ Both executors call the *same* per-client function (an updater's ``client_step``
 - :class:`VectorizedExecutor` — ``torch.func.vmap`` over stacked client states and batches, in
   chunks of ``chunk_size`` clients to bound memory. Fast for small models and many clients.
 - :class:`SequentialExecutor` — a plain loop over clients. For models that cannot be vmapped
-  (data-dependent control flow, in-place buffers) and, on CPU, conv nets, where a loop is as fast.
+  (data-dependent control flow, in-place buffers, an updater's ``unvmappable_models``) and, on
+  the CPU, ResNet-20, where a loop is a little faster and needs a fifth of the memory
+  (:func:`choose_executor`).
   When no state entry is synced between local steps, it runs each client's I steps one after
   the other (:meth:`SequentialExecutor.run_clients`, the order of a plain per-client loop), so
   the cohort's states are stacked once per round instead of after every step.
