@@ -31,7 +31,7 @@ from lit_fedco.problems import Classification, Problem, ProblemParams
 from lit_fedco.protocol import RoundInfo
 from lit_fedco.round import FabricComm, federated_round, make_store
 from lit_fedco.schedule import LoopConfig
-from lit_fedco.seeding import client_generator, sample_cohort
+from lit_fedco.seeding import client_generator, client_generators, sample_cohort
 from lit_fedco.state import State, tree_map
 from lit_fedco.updaters.base import CompositionalUpdater
 
@@ -94,7 +94,7 @@ class FederatedLoop:
         roles = upd.batch_roles
         idx = self.sampler.sample_round(mine, self.round, self.local_steps, roles, cfg.batch_size)
         gens = (
-            [client_generator(cfg.seed, int(c), self.round) for c in mine]
+            client_generators(cfg.seed, mine.tolist(), self.round)
             if self.problem.draws_conditional(upd.objective)
             else []
         )

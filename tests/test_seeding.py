@@ -5,7 +5,15 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from lit_fedco.seeding import generator, numpy_generator, torch_seed
+from lit_fedco.seeding import (
+    client_generator,
+    client_generators,
+    generator,
+    generators,
+    numpy_generator,
+    torch_seed,
+    torch_seeds,
+)
 
 
 def test_torch_seed_is_the_two_words_of_the_seed_sequence_high_first():
@@ -47,3 +55,35 @@ def test_trailing_zero_keys_name_the_same_stream():
     docstring warns about: (seed, k, 0) is the stream (seed, k)."""
     assert torch_seed(4, 9, 0) == torch_seed(4, 9)
     assert torch_seed(4, 9, 0, 0xA06) != torch_seed(4, 9, 0xA06)
+
+
+def test_torch_seeds_hash_every_name_at_once_exactly_as_numpy_does():
+    """The vectorised hash equals numpy's SeedSequence, name by name: 1 to 6 keys, zeros
+    among them (trailing ones included), the largest 32-bit words, several seeds."""
+    rng = np.random.default_rng(0)
+    for width in range(1, 7):
+        keys = rng.integers(0, 2**32, size=(200, width))
+        keys[rng.random(keys.shape) < 0.3] = 0
+        keys[0] = 2**32 - 1
+        for seed in (0, 3, 2**32 - 1):
+            expected = [torch_seed(seed, *(int(k) for k in row)) for row in keys]
+            assert torch_seeds(seed, keys) == expected, (width, seed)
+
+
+def test_torch_seeds_takes_the_one_name_path_for_keys_of_several_words():
+    keys = np.array([[2**32, 5], [1, 2**40], [7, 8]])
+    assert torch_seeds(1, keys) == [torch_seed(1, *(int(k) for k in r)) for r in keys]
+    assert torch_seeds(2**33, keys[2:]) == [torch_seed(2**33, 7, 8)]
+    assert torch_seeds(0, np.zeros((0, 2), dtype=np.int64)) == []
+
+
+def test_generators_draw_what_one_generator_per_name_draws():
+    clients = [0, 5, 423, 999_999]
+    for got, k in zip(generators(7, clients, 12), clients, strict=True):
+        assert torch.equal(
+            torch.randperm(50, generator=got), torch.randperm(50, generator=generator(7, k, 12))
+        )
+    for got, k in zip(client_generators(7, clients, 3), clients, strict=True):
+        assert torch.equal(
+            torch.rand(5, generator=got), torch.rand(5, generator=client_generator(7, k, 3))
+        )

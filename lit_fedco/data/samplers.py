@@ -23,7 +23,7 @@ from torch import Tensor
 
 from lit_fedco.data.container import FederatedData
 from lit_fedco.errors import ConfigError
-from lit_fedco.seeding import generator
+from lit_fedco.seeding import generators
 
 
 class BatchSampler:
@@ -72,10 +72,11 @@ class BatchSampler:
             )
         n, r = len(clients), len(roles)
         out = torch.empty(steps, r, n, batch_size, dtype=torch.int64)
-        for i, k in enumerate(clients.tolist()):
+        ids = clients.tolist()
+        for k in ids:
             if not 0 <= k < len(self.sizes):
                 raise IndexError(f"client {k} out of range [0, {len(self.sizes)})")
-            g = generator(self.seed, k, round_idx)
+        for i, (k, g) in enumerate(zip(ids, generators(self.seed, ids, round_idx), strict=True)):
             size, base = self.sizes[k], int(self.offsets[k])
             if size >= batch_size:
                 local = torch.stack(
@@ -162,8 +163,8 @@ class PositiveSampler(BatchSampler):
             )
         n, r = len(clients), len(roles)
         out = torch.empty(steps, r, n, batch_size, dtype=torch.int64)
-        for i, k in enumerate(clients.tolist()):
-            g = generator(self.seed, k, round_idx)
+        ids = clients.tolist()
+        for i, (k, g) in enumerate(zip(ids, generators(self.seed, ids, round_idx), strict=True)):
             pos, size, base = self.pos_rows[k], self.sizes[k], int(self.offsets[k])
             for s in range(steps):
                 for j in range(r):
@@ -232,8 +233,8 @@ class TaskSampler(BatchSampler):
         n, r = len(clients), len(roles)
         rows = batch_size * self.ways * self.per_class
         out = torch.empty(steps, r, n, rows, dtype=torch.int64)
-        for i, k in enumerate(clients.tolist()):
-            g = generator(self.seed, k, round_idx)
+        ids = clients.tolist()
+        for i, (k, g) in enumerate(zip(ids, generators(self.seed, ids, round_idx), strict=True)):
             for s in range(steps):
                 for j in range(r):
                     out[s, j, i] = sample_task_rows(
