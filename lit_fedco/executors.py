@@ -18,13 +18,16 @@ Both executors call the *same* per-client function (an updater's ``client_step``
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch.func import vmap
 
 from lit_fedco.errors import ConfigError
 from lit_fedco.state import index, stack, tree_map
+
+if TYPE_CHECKING:
+    from lit_fedco.updaters.base import CompositionalUpdater
 
 ClientFn = Callable[[Any, Any, Any], Any]
 """``fn(state, batches, ctx) -> output`` for one client; outputs are pytrees of tensors."""
@@ -133,7 +136,12 @@ SEQUENTIAL_ON_CPU = frozenset({"resnet20"})
 """:func:`lit_fedco.models.build_model` names that ``auto`` runs sequentially on the CPU."""
 
 
-def choose_executor(name: str, model: str, accelerator: str, updaters: Sequence[type] = ()) -> str:
+def choose_executor(
+    name: str,
+    model: str,
+    accelerator: str,
+    updaters: Sequence[type[CompositionalUpdater]] = (),
+) -> str:
     """The executor a run uses: ``name`` itself, or for ``auto`` the one measured faster
     for the model and device (``python -m lit_fedco.benchmarks.throughput``, 1 thread,
     client-steps/s as a fraction of a plain per-client loop's):
@@ -157,7 +165,7 @@ def choose_executor(name: str, model: str, accelerator: str, updaters: Sequence[
     """
     if name != AUTO:
         return name
-    if any(model in getattr(u, "unvmappable_models", ()) for u in updaters):
+    if any(model in u.unvmappable_models for u in updaters):
         return "sequential"
     on_cpu = accelerator == "cpu" or (accelerator == "auto" and not torch.cuda.is_available())
     return "sequential" if on_cpu and model in SEQUENTIAL_ON_CPU else "vectorized"

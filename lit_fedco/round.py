@@ -323,13 +323,13 @@ def federated_round(
     step_keys = [k for k, s in sync.items() if s is Sync.STEP]
     log_sum: dict[str, Tensor] = {}
     step_mean: State = {}
-    client_major = ex.client_major and not step_keys and done is None
+    client_major = ex.client_major and not step_keys and done is None and steps > 0
     if client_major:
         # Clients do not wait on each other: each runs its I steps in turn (a plain loop's
         # order, the same numbers), the cohort's states stacked once. Step t's batches are
         # copied out of the sampler's reused buffers before step t + 1 is gathered.
         copy = partial(tree_map, torch.clone)
-        steps_b = [copy(first), *(copy(batches(t)) for t in range(1, steps))][:steps]
+        steps_b = [copy(first), *(copy(batches(t)) for t in range(1, steps))]
         states, step_logs = ex.run_clients(partial(_step, upd), states, steps_b,
                                            ctx.broadcast, n)  # fmt: skip
         for logs in step_logs:

@@ -104,17 +104,15 @@ def stop_request() -> Tensor:
     return flags
 
 
-def stop_requested(fabric: Fabric, comm: Comm | None = None) -> int:
+def stop_requested(fabric: Fabric, comm: Comm) -> int:
     """The signal asking every process to stop, or 0, the same on every process so that all
-    of them stop after the same round.
-
-    With ``comm``, the requests that travelled in the round's aggregation
-    (:meth:`~lit_fedco.round.Comm.carry`, given :func:`stop_request` before the round): no
-    collective of their own. Without it, or when no collective took them, one collective."""
+    of them stop after the same round: the requests that travelled in the round's aggregation
+    (:meth:`~lit_fedco.round.Comm.carry`, given :func:`stop_request` before the round), with
+    no collective of their own; one collective only if no collective took them."""
     mine = _REQUESTED[0] if _REQUESTED else 0
     if fabric.world_size == 1:
         return mine
-    if comm is not None and comm.carried is not None:
+    if comm.carried is not None:
         hits = torch.nonzero(comm.carried.cpu() > 0.5).flatten()
         return int(hits[-1]) if len(hits) else 0
     got = fabric.all_reduce(torch.tensor([float(mine)]), reduce_op="max")

@@ -72,11 +72,7 @@ class BatchSampler:
             )
         n, r = len(clients), len(roles)
         out = torch.empty(steps, r, n, batch_size, dtype=torch.int64)
-        ids = clients.tolist()
-        for k in ids:
-            if not 0 <= k < len(self.sizes):
-                raise IndexError(f"client {k} out of range [0, {len(self.sizes)})")
-        for i, (k, g) in enumerate(zip(ids, generators(self.seed, ids, round_idx), strict=True)):
+        for i, (k, g) in enumerate(self.streams(clients, round_idx)):
             size, base = self.sizes[k], int(self.offsets[k])
             if size >= batch_size:
                 local = torch.stack(
@@ -86,6 +82,19 @@ class BatchSampler:
                 local = torch.randint(size, (steps * r, batch_size), generator=g)
             out[:, :, i] = (local + base).view(steps, r, batch_size)
         return out.to(self.data.y_train.device)
+
+    def streams(self, clients: Tensor, round_idx: int) -> list[tuple[int, torch.Generator]]:
+        """``(k, client k's generator of round round_idx)`` for every client, in order; the
+        streams' names are hashed all at once (:func:`lit_fedco.seeding.generators`).
+
+        Raises:
+            IndexError: a client id outside [0, K).
+        """
+        ids = clients.tolist()
+        for k in ids:
+            if not 0 <= k < len(self.sizes):
+                raise IndexError(f"client {k} out of range [0, {len(self.sizes)})")
+        return list(zip(ids, generators(self.seed, ids, round_idx), strict=True))
 
     def gather(
         self, idx: Tensor, role: str = "inner", split: str = "train"
@@ -163,8 +172,7 @@ class PositiveSampler(BatchSampler):
             )
         n, r = len(clients), len(roles)
         out = torch.empty(steps, r, n, batch_size, dtype=torch.int64)
-        ids = clients.tolist()
-        for i, (k, g) in enumerate(zip(ids, generators(self.seed, ids, round_idx), strict=True)):
+        for i, (k, g) in enumerate(self.streams(clients, round_idx)):
             pos, size, base = self.pos_rows[k], self.sizes[k], int(self.offsets[k])
             for s in range(steps):
                 for j in range(r):
@@ -233,8 +241,7 @@ class TaskSampler(BatchSampler):
         n, r = len(clients), len(roles)
         rows = batch_size * self.ways * self.per_class
         out = torch.empty(steps, r, n, rows, dtype=torch.int64)
-        ids = clients.tolist()
-        for i, (k, g) in enumerate(zip(ids, generators(self.seed, ids, round_idx), strict=True)):
+        for i, (k, g) in enumerate(self.streams(clients, round_idx)):
             for s in range(steps):
                 for j in range(r):
                     out[s, j, i] = sample_task_rows(
