@@ -172,7 +172,7 @@ def run_executor(cfg: DictConfig) -> str:
     """The executor the run uses (``executor=auto`` resolved for its model and device:
     :func:`~lit_fedco.executors.choose_executor`)."""
     names = list(cfg.updaters)
-    if cfg.pretrain.rounds > 0:
+    if enabled(cfg):
         names.append(cfg.pretrain.updater)
     updaters = [get_updater(n) for n in names if n in available_updaters()]
     return choose_executor(cfg.executor, cfg.model.name, cfg.accelerator, updaters)
@@ -223,8 +223,8 @@ def check_run(cfg: DictConfig) -> None:
     check_fabric(cfg)
     data = build_data(cfg, cfg.seed)  # missing files, impossible splits
     loop_config(cfg, cfg.seed).validate(data.num_clients, cfg.devices * cfg.num_nodes)
-    for name in cfg.updaters:  # model sizes, and an objective of the problem for each updater
-        build_updater(cfg, name, data, 0)
+    # model sizes, and an objective of the problem for each updater
+    built = [build_updater(cfg, name, data, 0)[0] for name in cfg.updaters]
     check_pretrain(cfg)
     if enabled(cfg):  # the pre-training's updater, objective and schedule
         pcfg = pretrain_config(cfg)
@@ -238,8 +238,7 @@ def check_run(cfg: DictConfig) -> None:
             ) from None
         loop_config(pcfg, cfg.seed).validate(data.num_clients, cfg.devices * cfg.num_nodes)
     if cfg.init_from:  # a readable checkpoint of this run's model
-        expected = build_updater(cfg, cfg.updaters[0], data, 0)[0].params()
-        check_shapes(load_params(cfg.init_from), expected, cfg.init_from, cfg)
+        check_shapes(load_params(cfg.init_from), built[0].params(), cfg.init_from, cfg)
 
 
 RESUMABLE_CHANGES = (

@@ -677,16 +677,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args.work = make_workloads(
         args.workloads, args.clients, args.quick, args.conv_model, args.fashion_dir
     )
+    pool = digits_pool_size() if any(w.data == "digits" for w in args.work) else 0
     for w in args.work:
         if w.data == "fashion_mnist" and w.clients * w.per_client > FASHION_TRAIN:
             p.error(
                 f"--clients: {w.name} gives each client {w.per_client} of Fashion-MNIST's "
                 f"{FASHION_TRAIN} images, so K <= {FASHION_TRAIN // w.per_client}; got {w.clients}"
             )
-        if w.data == "digits" and w.clients > digits_pool_size():
+        if w.data == "digits" and w.clients > pool:
             p.error(
-                f"--clients: the embedded digits have {digits_pool_size()} training "
-                f"images, so K <= {digits_pool_size()}; got {w.clients}"
+                f"--clients: the embedded digits have {pool} training "
+                f"images, so K <= {pool}; got {w.clients}"
             )
     return args
 
