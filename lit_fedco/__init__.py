@@ -12,7 +12,8 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from lit_fedco.errors import ConfigError
+from lit_fedco.core.errors import ConfigError
+from lit_fedco.core.version import VERSION
 
 if TYPE_CHECKING:
     from lit_fedco.updaters import (
@@ -23,7 +24,7 @@ if TYPE_CHECKING:
         register,
     )
 
-__version__ = "0.1.0"
+__version__ = VERSION
 
 _LAZY = {
     "CompositionalUpdater": "lit_fedco.updaters",

@@ -14,10 +14,10 @@ import numpy as np
 import torch
 from lightning.fabric import Fabric
 
+from lit_fedco.core.models import build_model
 from lit_fedco.data import FederatedData, make_federated
-from lit_fedco.executors import make_executor
-from lit_fedco.loop import FederatedLoop, LoopConfig
-from lit_fedco.models import build_model
+from lit_fedco.engine.executors import make_executor
+from lit_fedco.engine.loop import FederatedLoop, LoopConfig
 from lit_fedco.problems import Classification, get_problem
 from lit_fedco.updaters import get_updater
 
@@ -81,7 +81,7 @@ def make_loop(
 
 def flat_server(loop: FederatedLoop) -> np.ndarray:
     """The server state as one float64 numpy vector."""
-    from lit_fedco.state import flatten
+    from lit_fedco.core.state import flatten
 
     return flatten(loop.server)[0].double().cpu().numpy()
 
@@ -135,7 +135,7 @@ def the_run(out: Path, recipe: str) -> Path:
 
 def final_checkpoint(sub_dir: Path) -> dict:
     """The newest checkpoint of a sub-run folder (``<run>/<updater>-seed<s>/``), verified."""
-    from lit_fedco import checkpoint
+    from lit_fedco.experiment import checkpoint
 
     return checkpoint.load(checkpoint.listing(sub_dir / "checkpoints")[-1])
 

@@ -19,8 +19,8 @@ from pathlib import Path
 import torch
 from lightning.fabric import Fabric
 
-from lit_fedco.loop import FederatedLoop
-from lit_fedco.state import flatten
+from lit_fedco.core.state import flatten
+from lit_fedco.engine.loop import FederatedLoop
 
 ROUNDS = 3
 

@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 import torch
 
+from lit_fedco.core.errors import ConfigError
 from lit_fedco.data import make_federated
 from lit_fedco.data.adult import EMBEDDED, encode_adult, load_adult, read_rows
-from lit_fedco.errors import ConfigError
 
 # age, workclass, fnlwgt, education, education-num, marital-status, occupation, relationship,
 # race, sex, capital-gain, capital-loss, hours-per-week, native-country, income

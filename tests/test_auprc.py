@@ -12,10 +12,10 @@ from sklearn.metrics import average_precision_score
 from torch import nn
 from torch.func import grad
 
+from lit_fedco.core.errors import ConfigError
+from lit_fedco.core.metrics import PooledAccuracyAtPrior, PooledAveragePrecision, accuracy_at_prior
 from lit_fedco.data import PositiveSampler, make_federated
 from lit_fedco.data.build import binarize, drop_positives
-from lit_fedco.errors import ConfigError
-from lit_fedco.metrics import PooledAccuracyAtPrior, PooledAveragePrecision, accuracy_at_prior
 from lit_fedco.objectives.conditional import AveragePrecision, auc_minmax_loss
 from lit_fedco.problems import AUPRCParams, AUPRCProblem
 from tests.helpers import LastLoops, the_run
@@ -190,8 +190,8 @@ def test_problem_takes_the_positive_ratio_from_the_data():
 
 
 def test_recipe_runs_every_method_and_logs(tmp_path):
+    from lit_fedco.experiment.runner import main
     from lit_fedco.recipes.fcsg_auprc import COLUMNS, DEFAULTS
-    from lit_fedco.runner import main
 
     seen = LastLoops()
     argv = ["rounds=2", "local_steps=2", "eval_every=2", "cohort=4", "tracking=[csv]",

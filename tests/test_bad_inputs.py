@@ -3,7 +3,7 @@ naming the key, the value, what was expected and how to fix it, before any proce
 file is written (issue 11): command-line syntax, presets, Fabric settings, data files that
 decode to nonsense, W&B, schedule and partition ranges, run folders.
 
-Most cases call :func:`lit_fedco.runner.main` in this process; a few run the recipe as a real
+Most cases call :func:`lit_fedco.experiment.runner.main` in this process; a few run the recipe as a real
 process (``slow``): a malformed list, a missing GPU, W&B online without a server (and its
 offline fallback), labels outside the classes.
 """
@@ -26,7 +26,7 @@ import numpy as np
 import pytest
 import torch
 
-from lit_fedco.runner import main
+from lit_fedco.experiment.runner import main
 from tests.helpers import REPO
 
 BASE = ["progress=false", "rounds=2", "eval_every=1"]  # a case that passed would run briefly

@@ -11,11 +11,11 @@ import pytest
 import torch
 from torch.func import functional_call, vmap
 
+from lit_fedco.core.errors import ConfigError
+from lit_fedco.core.models import build_model
 from lit_fedco.data import make_federated
 from lit_fedco.data.cifar import load_cifar
 from lit_fedco.data.partition import balanced_validation, step_imbalance
-from lit_fedco.errors import ConfigError
-from lit_fedco.models import build_model
 
 
 def write_cifar(root: Path, kind: str, per_class_train: int, per_class_test: int, c: int) -> None:
@@ -159,8 +159,8 @@ def test_resnet20_is_a_pure_function_of_its_parameters_under_vmap():
 def test_cifar_st_presets_resolve_and_pass_the_run_checks(tmp_path, kind, c):
     """The paper's settings (§6): 8 equal clients, batch 16, ResNet20, η/10 after 90 rounds,
     γ_x = 1.3, γ_y = 1.4; every key validates against the schema and the data builds."""
-    from lit_fedco.assemble import check_run
-    from lit_fedco.config import load_config
+    from lit_fedco.config.load import load_config
+    from lit_fedco.experiment.assemble import check_run
     from lit_fedco.recipes.ds_feddro import DEFAULTS
 
     write_cifar(tmp_path, kind, per_class_train=4, per_class_test=2, c=c)

@@ -1,5 +1,5 @@
 """The recipes' command line before torch: ``--help``, ``--help-all`` and unknown keys are
-answered from the catalog (``lit_fedco.cli``, ``lit_fedco.catalog``) without importing torch,
+answered from the catalog (``lit_fedco.cli``, ``lit_fedco.config.catalog``) without importing torch,
 Lightning or W&B, with the full check's own messages. (How fast: measured, not asserted; see
 the pull request / CHANGELOG.)"""
 
@@ -15,12 +15,13 @@ from pathlib import Path
 import pytest
 from omegaconf import DictConfig, OmegaConf
 
-from lit_fedco import catalog, cli, helptext
-from lit_fedco.config import load_config, schema
-from lit_fedco.errors import ConfigError
+from lit_fedco import cli
+from lit_fedco.config import catalog, helptext
+from lit_fedco.config.load import load_config, schema
+from lit_fedco.core.errors import ConfigError
+from lit_fedco.experiment.runner import main as runner_main
 from lit_fedco.recipes.comfedl_dro import DEFAULTS as DRO_DEFAULTS
 from lit_fedco.recipes.ds_feddro import DEFAULTS
-from lit_fedco.runner import main as runner_main
 from lit_fedco.updaters import Hparams
 from lit_fedco.updaters import base as updater_base
 

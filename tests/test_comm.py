@@ -1,4 +1,4 @@
-"""Values carried in a round's next collective (:meth:`lit_fedco.round.Comm.carry`): the stop
+"""Values carried in a round's next collective (:meth:`lit_fedco.engine.round.Comm.carry`): the stop
 request travels in the aggregation instead of a collective of its own."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ import signal
 
 import torch
 
-from lit_fedco import session
-from lit_fedco.round import Comm, LocalComm
+from lit_fedco.engine.round import Comm, LocalComm
+from lit_fedco.experiment import session
 
 
 class CountingComm(Comm):

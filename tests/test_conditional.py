@@ -8,9 +8,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from lit_fedco.core.models import build_model
 from lit_fedco.data.build import make_invariant_logreg
-from lit_fedco.loop import client_generator
-from lit_fedco.models import build_model
+from lit_fedco.engine.loop import client_generator
 from lit_fedco.objectives.conditional import InvariantLogReg, plugin_gradient
 from lit_fedco.problems import InvariantLogRegParams, InvariantLogRegProblem
 
@@ -117,7 +117,7 @@ def test_invariant_data_follows_section_5_1():
 
 @pytest.mark.parametrize("key,value", [("dim", 0), ("sigma1", 0.0)])
 def test_invariant_data_rejects_bad_sizes(key, value):
-    from lit_fedco.errors import ConfigError
+    from lit_fedco.core.errors import ConfigError
 
     spec = dict(num_clients=2, dim=3, sigma1=1.0, train_per_client=5, val_per_client=5, seed=0)
     spec[key] = value

@@ -7,11 +7,11 @@ import sys
 
 import pytest
 
-from lit_fedco.config import load_config, problem_name, problem_params, updater_hparams
-from lit_fedco.errors import ConfigError
+from lit_fedco.config.load import load_config, problem_name, problem_params, updater_hparams
+from lit_fedco.core.errors import ConfigError
+from lit_fedco.experiment.runner import main
 from lit_fedco.problems import ClientDROParams
 from lit_fedco.recipes.comfedl_dro import DEFAULTS
-from lit_fedco.runner import main
 
 
 def test_defaults_and_overrides_merge_in_order(tmp_path):

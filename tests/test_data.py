@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 import torch
 
+from lit_fedco.core.errors import ConfigError
 from lit_fedco.data import BatchSampler, FederatedData, build_federated, make_federated
 from lit_fedco.data.sources import load_digits_arrays, load_mnist, load_source
-from lit_fedco.errors import ConfigError
 
 
 def digits(**kw) -> FederatedData:

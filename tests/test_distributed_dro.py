@@ -15,7 +15,7 @@ import torch
 from scipy.optimize import minimize
 from torch.func import grad
 
-from lit_fedco.errors import ConfigError
+from lit_fedco.core.errors import ConfigError
 from lit_fedco.examples.theorem41 import Scalar, affine
 from lit_fedco.objectives.distributed import (
     Chi2SampleDRO,

@@ -20,18 +20,18 @@ import pytest
 import torch
 from torch import Tensor, nn
 
-from lit_fedco.errors import ConfigError
+from lit_fedco.core.errors import ConfigError
+from lit_fedco.core.protocol import RoundInfo
+from lit_fedco.core.state import tree_map
+from lit_fedco.engine.failures import Failures
+from lit_fedco.engine.simulate import run_rounds
 from lit_fedco.examples.theorem41 import Scalar
-from lit_fedco.failures import Failures
 from lit_fedco.objectives.distributed import (
     DistributedObjective,
     chi2_value,
     kl_sample_value,
     make_distributed_objective,
 )
-from lit_fedco.protocol import RoundInfo
-from lit_fedco.simulate import run_rounds
-from lit_fedco.state import tree_map
 from lit_fedco.updaters.dro_baselines import (
     PDSGD,
     FastDRO,

@@ -6,14 +6,14 @@ import numpy as np
 import pytest
 import torch
 
-from lit_fedco.errors import ConfigError
-from lit_fedco.executors import (
+from lit_fedco.core.errors import ConfigError
+from lit_fedco.core.state import tree_leaves
+from lit_fedco.engine.executors import (
     SEQUENTIAL_ON_CPU,
     SequentialExecutor,
     choose_executor,
     make_executor,
 )
-from lit_fedco.state import tree_leaves
 from tests.helpers import assert_executors_agree, flat_server, make_loop
 
 TOL = 1e-10  # float64; the two differ only in the order of batched floating-point sums
@@ -114,7 +114,7 @@ def test_auto_on_an_auto_accelerator_follows_the_visible_device():
 
 
 def test_every_model_auto_runs_sequentially_is_a_known_model():
-    from lit_fedco.models import build_model
+    from lit_fedco.core.models import build_model
 
     for name in SEQUENTIAL_ON_CPU:
         assert build_model(name, (3, 32, 32), 10, 0) is not None

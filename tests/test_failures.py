@@ -1,4 +1,4 @@
-"""Simulated client failures (``failures.drop``, ``failures.partial``; lit_fedco.failures).
+"""Simulated client failures (``failures.drop``, ``failures.partial``; lit_fedco.engine.failures).
 
 - Probabilities 0 are bit for bit the run without failures (server state, kept state, logs), and
   so is the failure path when no client happens to fail (the counts travel in the collectives).
@@ -21,17 +21,17 @@ import numpy as np
 import pytest
 import torch
 
-import lit_fedco.loop
-from lit_fedco.assemble import loop_config
-from lit_fedco.config import load_config
-from lit_fedco.errors import ConfigError
-from lit_fedco.failures import Failures
-from lit_fedco.loop import FederatedLoop
-from lit_fedco.protocol import RoundInfo, Sync
+import lit_fedco.engine.loop
+from lit_fedco.config.load import load_config
+from lit_fedco.core.errors import ConfigError
+from lit_fedco.core.protocol import RoundInfo, Sync
+from lit_fedco.core.seeding import sample_cohort
+from lit_fedco.core.state import flatten, index, numel, stack, tree_map
+from lit_fedco.engine.failures import Failures
+from lit_fedco.engine.loop import FederatedLoop
+from lit_fedco.experiment.assemble import loop_config
+from lit_fedco.experiment.runner import main
 from lit_fedco.recipes.comfedl_dro import DEFAULTS
-from lit_fedco.runner import main
-from lit_fedco.seeding import sample_cohort
-from lit_fedco.state import flatten, index, numel, stack, tree_map
 from tests.helpers import final_checkpoint, flat_server, make_loop, run_recipe, the_run
 from tests.test_registry import TINY
 
@@ -114,7 +114,7 @@ def test_a_dropped_fedavg_client_equals_it_not_being_sampled(monkeypatch):
     assert [len(s) for s in survivors] == [3, 3, 2, 4]  # drops in three rounds, never all
     failed.run()
 
-    monkeypatch.setattr(lit_fedco.loop, "sample_cohort", lambda seed, r, k, m: survivors[r])
+    monkeypatch.setattr(lit_fedco.engine.loop, "sample_cohort", lambda seed, r, k, m: survivors[r])
     reference = make_loop("fedavg", hp, **kw)
     reference.run()
     np.testing.assert_allclose(flat_server(failed), flat_server(reference), rtol=TOL, atol=TOL)

@@ -13,12 +13,12 @@ import torch
 from lightning.fabric import Fabric
 from torch.func import grad
 
+from lit_fedco.core.errors import ConfigError
+from lit_fedco.core.metrics import TPRGapViolation, tpr_violation
+from lit_fedco.core.models import build_model
 from lit_fedco.data import make_federated
-from lit_fedco.errors import ConfigError
-from lit_fedco.executors import make_executor
-from lit_fedco.loop import FederatedLoop, LoopConfig
-from lit_fedco.metrics import TPRGapViolation, tpr_violation
-from lit_fedco.models import build_model
+from lit_fedco.engine.executors import make_executor
+from lit_fedco.engine.loop import FederatedLoop, LoopConfig
 from lit_fedco.objectives.base import model_params
 from lit_fedco.objectives.fairness import (
     EqualOpportunity,

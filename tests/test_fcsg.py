@@ -13,10 +13,10 @@ import torch
 from lightning.fabric import Fabric
 from torch import nn
 
+from lit_fedco.core.models import build_model
 from lit_fedco.data.build import make_invariant_logreg
-from lit_fedco.executors import make_executor
-from lit_fedco.loop import FederatedLoop, LoopConfig
-from lit_fedco.models import build_model
+from lit_fedco.engine.executors import make_executor
+from lit_fedco.engine.loop import FederatedLoop, LoopConfig
 from lit_fedco.objectives.conditional import ConditionalObjective
 from lit_fedco.problems import InvariantLogRegParams, InvariantLogRegProblem
 from lit_fedco.updaters import get_updater
@@ -119,7 +119,7 @@ def test_local_scgd_with_beta_one_on_one_batch_is_the_compositional_gradient():
 
 
 def test_momentum_hparams_are_range_checked():
-    from lit_fedco.errors import ConfigError
+    from lit_fedco.core.errors import ConfigError
 
     with pytest.raises(ConfigError, match="beta"):
         FCSGMHparams(beta=0.0)

@@ -10,7 +10,8 @@ import pytest
 import torch
 from torch import Tensor
 
-from lit_fedco.errors import ConfigError
+from lit_fedco.core.errors import ConfigError
+from lit_fedco.core.protocol import RoundContext, RoundInfo
 from lit_fedco.examples.theorem41 import (
     LR,
     Scalar,
@@ -23,7 +24,6 @@ from lit_fedco.examples.theorem41 import (
 )
 from lit_fedco.objectives.distributed import Chi2SampleDRO
 from lit_fedco.problems import SampleDROParams
-from lit_fedco.protocol import RoundContext, RoundInfo
 from lit_fedco.updaters.feddro import (
     MBSGD,
     DistributedUpdater,

@@ -9,10 +9,10 @@ import torch
 from lightning.fabric import Fabric
 from torch.func import grad, jacrev
 
-from lit_fedco.errors import ConfigError
-from lit_fedco.executors import make_executor
-from lit_fedco.loop import FederatedLoop, LoopConfig
-from lit_fedco.models import build_model
+from lit_fedco.core.errors import ConfigError
+from lit_fedco.core.models import build_model
+from lit_fedco.engine.executors import make_executor
+from lit_fedco.engine.loop import FederatedLoop, LoopConfig
 from lit_fedco.objectives.base import model_params
 from lit_fedco.problems import FairnessParams, FairnessProblem
 from lit_fedco.updaters import GCIVR, GCIVRHparams

@@ -131,7 +131,7 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 
 def test_lit_fedco_has_no_import_cycle():
     graph = import_graph(PACKAGE)
-    assert "lit_fedco.data.build" in graph and "lit_fedco.seeding" in graph
+    assert "lit_fedco.data.build" in graph and "lit_fedco.core.seeding" in graph
     found = cycles(graph)
     assert not found, "import cycles in lit_fedco:\n" + "\n".join(" <-> ".join(c) for c in found)
 
@@ -152,7 +152,7 @@ def test_data_layers_import_only_downwards():
     }
     for module, allowed in below.items():
         assert data[module] <= allowed, f"{module} imports {sorted(data[module] - allowed)}"
-    assert graph["lit_fedco.seeding"] == set()
+    assert graph["lit_fedco.core.seeding"] == set()
 
 
 def write_package(root: Path, files: dict[str, str]) -> Path:
@@ -195,3 +195,51 @@ def test_checker_resolves_names_and_relative_imports_without_false_cycles(tmp_pa
     assert graph["pkg.a"] == {"pkg.b"} and graph["pkg.b"] == set()
     assert graph["pkg.d"] == {"pkg"}
     assert cycles(graph) == []
+
+
+LAYERS = {
+    "core": 0,  # errors, pytree state, seeded streams, the round's vocabulary, models, metrics
+    "data": 1,
+    "objectives": 2,
+    "problems": 3,
+    "updaters": 4,
+    "engine": 5,  # communication, client store, executors, the round, the loop, evaluation
+    "config": 6,  # the command line (torch-free), the catalog, the typed config
+    "report": 6,  # tracking, figures
+    "experiment": 7,  # run folders, checkpoints, sub-runs, the runner
+    "cli": 8,  # the one entry point
+    "recipes": 9,
+    "benchmarks": 9,
+    "examples": 9,
+}
+"""Each subpackage of lit_fedco (a top-level module counts as one) and its layer: a module may
+import its own subpackage and the layers below it, never a layer above or beside it (the
+package ``lit_fedco`` itself, whose names are the public API, is imported from nowhere inside)."""
+
+
+def _layer(module: str) -> str:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else ""
+
+
+def test_every_module_belongs_to_a_layer():
+    graph = import_graph(PACKAGE)
+    unplaced = sorted({_layer(m) for m in graph if m != "lit_fedco"} - set(LAYERS))
+    assert not unplaced, f"modules outside the layers of LAYERS: {unplaced}"
+
+
+def test_layers_import_only_downwards():
+    graph = import_graph(PACKAGE)
+    wrong = []
+    for module, deps in sorted(graph.items()):
+        if module == "lit_fedco":
+            continue
+        mine = _layer(module)
+        for dep in sorted(deps):
+            if dep == "lit_fedco":
+                wrong.append(f"{module} imports the public package lit_fedco")
+                continue
+            theirs = _layer(dep)
+            if theirs != mine and LAYERS[theirs] >= LAYERS[mine]:
+                wrong.append(f"{module} ({mine}) imports {dep} ({theirs})")
+    assert not wrong, "imports against the layers:\n" + "\n".join(wrong)

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from lit_fedco.loop import sample_cohort
+from lit_fedco.engine.loop import sample_cohort
 from tests.helpers import final_checkpoint, flat_server, make_loop, run_recipe, the_run
 
 REPO = Path(__file__).resolve().parent.parent

@@ -13,10 +13,10 @@ from PIL import Image
 from torch import nn
 from torch.func import functional_call, grad
 
+from lit_fedco.core.errors import ConfigError
 from lit_fedco.data import TaskSampler
 from lit_fedco.data.build import make_task_data
 from lit_fedco.data.omniglot import load_omniglot
-from lit_fedco.errors import ConfigError
 from lit_fedco.objectives.base import model_params
 from lit_fedco.objectives.maml import MAML, adapt, maml_loss
 
@@ -228,8 +228,8 @@ def test_omniglot_task_data_splits_characters(tmp_path):
 @pytest.mark.slow
 def test_recipe_runs_every_method_above_chance(tmp_path):
     """Every updater, FedAvg included, is evaluated after the same adaptation steps."""
+    from lit_fedco.experiment.runner import main
     from lit_fedco.recipes.fcsg_maml import COLUMNS, DEFAULTS
-    from lit_fedco.runner import main
 
     argv = [
         "rounds=1", "local_steps=2", "eval_every=1", "cohort=2", "batch_size=1",
@@ -246,10 +246,10 @@ def test_vectorized_equals_sequential_on_maml(name):
     """Second-order meta-gradients with batch-statistics BN under vmap over clients."""
     from lightning.fabric import Fabric
 
-    from lit_fedco.assemble import build_data, build_updater, loop_config
-    from lit_fedco.config import load_config
-    from lit_fedco.executors import make_executor
-    from lit_fedco.loop import FederatedLoop
+    from lit_fedco.config.load import load_config
+    from lit_fedco.engine.executors import make_executor
+    from lit_fedco.engine.loop import FederatedLoop
+    from lit_fedco.experiment.assemble import build_data, build_updater, loop_config
     from lit_fedco.recipes.fcsg_maml import DEFAULTS
     from tests.helpers import flat_server
 

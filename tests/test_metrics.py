@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 import torch
 
-from lit_fedco.errors import ConfigError
-from lit_fedco.metrics import PerClientClassification, per_client_summary
+from lit_fedco.core.errors import ConfigError
+from lit_fedco.core.metrics import PerClientClassification, per_client_summary
 from tests.helpers import free_port
 
 REPO = Path(__file__).resolve().parent.parent
@@ -125,7 +125,7 @@ import datetime, json, os, sys
 import torch
 from lightning.fabric import Fabric
 from lightning.fabric.strategies import DDPStrategy
-from lit_fedco.metrics import PerClientClassification
+from lit_fedco.core.metrics import PerClientClassification
 
 # a dead peer fails the job in 60 s instead of gloo's default 30 min
 strategy = DDPStrategy(timeout=datetime.timedelta(seconds=60))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from lit_fedco.core.errors import ConfigError
 from lit_fedco.data.partition import (
     partition_dirichlet,
     partition_dominant_class,
@@ -13,7 +14,6 @@ from lit_fedco.data.partition import (
     partition_stats,
     validation_like,
 )
-from lit_fedco.errors import ConfigError
 
 LABELS = np.repeat(np.arange(10), 100)  # 1000 samples, 100 per class
 

@@ -15,19 +15,19 @@ import torch
 from lightning.fabric import Fabric
 from torch.func import grad
 
-from lit_fedco.errors import ConfigError
-from lit_fedco.executors import make_executor
-from lit_fedco.loop import FederatedLoop, LoopConfig, sample_cohort
-from lit_fedco.models import build_model
+from lit_fedco.core.errors import ConfigError
+from lit_fedco.core.models import build_model
+from lit_fedco.core.protocol import RoundInfo
+from lit_fedco.core.state import index, stack
+from lit_fedco.engine.executors import make_executor
+from lit_fedco.engine.loop import FederatedLoop, LoopConfig, sample_cohort
+from lit_fedco.engine.round import make_store
+from lit_fedco.engine.simulate import run_rounds
 from lit_fedco.objectives.base import Objective, model_params
 from lit_fedco.objectives.dro import kl_dro_primal, kl_dro_value
 from lit_fedco.objectives.maml import maml_loss
 from lit_fedco.objectives.personalized import DAMAML, MetaLearning
 from lit_fedco.problems import PFLParams, PFLProblem
-from lit_fedco.protocol import RoundInfo
-from lit_fedco.round import make_store
-from lit_fedco.simulate import run_rounds
-from lit_fedco.state import index, stack
 from lit_fedco.updaters import get_updater, project_simplex
 from tests.helpers import (
     LastLoops,
@@ -122,8 +122,8 @@ def test_per_fedavg_direction_takes_the_hessian_on_its_own_batch(net):
     """FedMAML (Per-FedAvg, Algorithm 1): u = (I − α ∇²L(x; D″)) ∇L(x − α ∇L(x; D); D′).
     With D″ = D it is grad of ``maml_loss`` (the one meta-gradient); with an independent D″
     the Hessian-vector product matches central differences of ∇L(·; D″) along ∇L(y; D′)."""
+    from lit_fedco.core.state import tree_axpy
     from lit_fedco.objectives.maml import adapt, per_fedavg_direction
-    from lit_fedco.state import tree_axpy
 
     torch.manual_seed(0)
     model = net().double()
@@ -241,7 +241,7 @@ def test_simplex_projection_matches_brute_force():
 
 def run_scalar(name: str, hparams: dict, rounds: int, local_steps: int = 2):
     """Two clients of tests/test_updaters: L_1 = w², L_2 = 2 (w − 1)², through the round the
-    loop runs (lit_fedco.round), full participation."""
+    loop runs (lit_fedco.engine.round), full participation."""
 
     cls, model = get_updater(name), Scalar(0.0)
     upd = cls(cls.hparams_cls(**hparams), model, Objective(model, sample_loss=quad_loss))
@@ -442,7 +442,7 @@ def test_two_processes_equal_one_process(tmp_path):
 
 
 def _leaves(ckpt: dict) -> list[torch.Tensor]:
-    from lit_fedco.state import tree_leaves
+    from lit_fedco.core.state import tree_leaves
 
     return tree_leaves({"server": ckpt["loop"]["server"], "clients": ckpt["loop"]["clients"]})
 
@@ -464,9 +464,9 @@ def test_cifar10_preset_runs_on_a_cifar_format_folder(tmp_path, capsys):
     """``preset=comfedl_maml_cifar10``: torchvision's CIFAR10 reads the folder, the dominant-class
     split gives client i a share ρ of class i, MAML's conv4 trains and is evaluated after
     adaptation (shrunk: one round, 8 filters)."""
-    from lit_fedco.assemble import build_data
-    from lit_fedco.config import load_config
-    from lit_fedco.runner import main
+    from lit_fedco.config.load import load_config
+    from lit_fedco.experiment.assemble import build_data
+    from lit_fedco.experiment.runner import main
     from tests.test_cifar_st import write_cifar
 
     write_cifar(tmp_path / "data", "cifar10", per_class_train=30, per_class_test=10, c=10)

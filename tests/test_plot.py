@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from lit_fedco.plot import draw, load_run
-from lit_fedco.plot import main as plot_main
+from lit_fedco.experiment.runner import main
 from lit_fedco.recipes.comfedl_dro import DEFAULTS
-from lit_fedco.runner import main
+from lit_fedco.report.plot import draw, load_run
+from lit_fedco.report.plot import main as plot_main
 
 ARGS = ["rounds=4", "eval_every=2", "seeds=[0,1]", "tracking=[none]", "progress=false",
         "data.big=200", "updaters=[comfedl,drfl]"]  # fmt: skip

@@ -1,5 +1,5 @@
-"""The shared starting point (``lit_fedco.pretrain``): the pre-training writes its model, every
-method of a seed starts from it, ``init_from=`` reads it back; the same seed pre-trains to the
+"""The shared starting point (``lit_fedco.experiment.pretrain``): the pre-training writes its model,
+every method of a seed starts from it, ``init_from=`` reads it back; the same seed pre-trains to the
 same model; a pre-training stopped halfway resumes to the same result; bad ``init_from`` and
 ``pretrain`` values end with exit code 2 and one line before anything is written."""
 
@@ -12,9 +12,9 @@ import signal
 import pytest
 import torch
 
-from lit_fedco import pretrain, session
+from lit_fedco.experiment import pretrain, session
+from lit_fedco.experiment.runner import main
 from lit_fedco.recipes.fcsg_auprc import COLUMNS, DEFAULTS
-from lit_fedco.runner import main
 from tests.helpers import LastLoops, the_run
 
 TINY = ["rounds=2", "local_steps=2", "cohort=4", "eval_every=2", "tracking=[none]",

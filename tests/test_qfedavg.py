@@ -7,10 +7,10 @@ import pytest
 import torch
 from torch import nn
 
-from lit_fedco.errors import ConfigError
+from lit_fedco.core.errors import ConfigError
+from lit_fedco.core.state import stack
+from lit_fedco.engine.simulate import run_rounds
 from lit_fedco.objectives import Objective
-from lit_fedco.simulate import run_rounds
-from lit_fedco.state import stack
 from lit_fedco.updaters import QFedAvg, QFedAvgHparams
 from tests.helpers import assert_executors_agree, flat_server, make_loop
 
@@ -74,7 +74,7 @@ def by_hand(q: float) -> np.ndarray:
 
 
 def one_round(upd: QFedAvg) -> np.ndarray:
-    """The same round through the round the loop runs (lit_fedco.round): client k's step-t
+    """The same round through the round the loop runs (lit_fedco.engine.round): client k's step-t
     batch is BATCHES[k][t]."""
     steps = [stack([torch_batch(client[t]) for client in BATCHES]) for t in range(len(BATCHES[0]))]
     hist = run_rounds(upd, lambda t: steps[t], 1, len(steps))

@@ -15,11 +15,11 @@ import pytest
 import torch
 import yaml
 
-from lit_fedco.assemble import DTYPES, build_data
-from lit_fedco.config import load_config
-from lit_fedco.models import build_model
+from lit_fedco.config.load import load_config
+from lit_fedco.core.models import build_model
+from lit_fedco.experiment.assemble import DTYPES, build_data
 from lit_fedco.recipes.comfedl_dro import DEFAULTS
-from lit_fedco.tracking import read_wandb_offline_run
+from lit_fedco.report.tracking import read_wandb_offline_run
 from tests.helpers import final_checkpoint, the_run
 
 REPO = Path(__file__).resolve().parent.parent

@@ -23,14 +23,14 @@ import pytest
 import torch
 from lightning.fabric import Fabric
 
-import lit_fedco.loop
+import lit_fedco.engine.loop
+from lit_fedco.core.models import build_model
+from lit_fedco.core.protocol import Sync
+from lit_fedco.core.state import flatten, tree_clone, tree_leaves
 from lit_fedco.data import make_federated
-from lit_fedco.executors import make_executor
-from lit_fedco.loop import FederatedLoop, LoopConfig
-from lit_fedco.models import build_model
+from lit_fedco.engine.executors import make_executor
+from lit_fedco.engine.loop import FederatedLoop, LoopConfig
 from lit_fedco.problems import AUPRCParams, AUPRCProblem
-from lit_fedco.protocol import Sync
-from lit_fedco.state import flatten, tree_clone, tree_leaves
 from lit_fedco.updaters import CompositionalUpdater, available_updaters, get_updater
 from tests.helpers import make_loop, run_module
 from tests.test_fcsg import invariant_loop
@@ -144,13 +144,13 @@ class RoundRecorder:
     """Records, for every round a loop runs, the server state it starts from, its
     :class:`RoundInfo`, its :class:`RoundContext` and (sequential executor: one client at a
     time, real tensors) the probe value and the state of the last client after its last local
-    step. Installed by wrapping the updater's methods and ``lit_fedco.loop.federated_round``;
+    step. Installed by wrapping the updater's methods and ``lit_fedco.engine.loop.federated_round``;
     nothing of the round itself is re-implemented."""
 
     def __init__(self, loop: FederatedLoop, monkeypatch: pytest.MonkeyPatch) -> None:
         self.rounds: list[dict[str, Any]] = []
         upd = loop.updater
-        step, probe, real_round = upd.client_step, upd.probe, lit_fedco.loop.federated_round
+        step, probe, real_round = upd.client_step, upd.probe, lit_fedco.engine.loop.federated_round
 
         def client_step(state, batches, ctx, t):  # type: ignore[no-untyped-def]
             new, logs = step(state, batches, ctx, t)
@@ -170,7 +170,7 @@ class RoundRecorder:
 
         monkeypatch.setattr(upd, "client_step", client_step)
         monkeypatch.setattr(upd, "probe", probe_)
-        monkeypatch.setattr(lit_fedco.loop, "federated_round", federated_round)
+        monkeypatch.setattr(lit_fedco.engine.loop, "federated_round", federated_round)
 
 
 def declared_traffic(upd: CompositionalUpdater, rec: dict[str, Any]) -> tuple[int, int]:

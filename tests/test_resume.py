@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from lit_fedco import checkpoint as ckpt
-from lit_fedco.state import tree_leaves
+from lit_fedco.core.state import tree_leaves
+from lit_fedco.experiment import checkpoint as ckpt
 from tests.helpers import REPO, free_port
 
 pytestmark = pytest.mark.slow

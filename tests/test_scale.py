@@ -6,8 +6,8 @@ import json
 
 import pytest
 
+from lit_fedco.experiment.runner import main
 from lit_fedco.recipes.fcsg_invariant import COLUMNS, DEFAULTS
-from lit_fedco.runner import main
 
 pytestmark = pytest.mark.slow  # about 15 s
 

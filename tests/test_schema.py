@@ -1,19 +1,19 @@
-"""The committed catalog ``lit_fedco/schema.json`` matches the dataclasses it is generated
+"""The committed catalog ``lit_fedco/config/schema.json`` matches the dataclasses it is generated
 from, and the docstring parser reads what the dataclasses document."""
 
 from __future__ import annotations
 
 import dataclasses
 
-from lit_fedco.config import DataConfig, RunConfig
-from lit_fedco.schema import SCHEMA_FILE, WRITE_COMMAND, attributes, build, dumps, field_docs
+from lit_fedco.config.load import DataConfig, RunConfig
+from lit_fedco.config.schema import SCHEMA_FILE, WRITE_COMMAND, attributes, build, dumps, field_docs
 from lit_fedco.updaters import DSFedDROHparams, FedAvgCOHparams
 
 
 def test_committed_schema_is_current():
     expected = dumps(build())
     assert SCHEMA_FILE.read_text(encoding="utf-8") == expected, (
-        f"lit_fedco/schema.json is stale: run {WRITE_COMMAND}"
+        f"lit_fedco/config/schema.json is stale: run {WRITE_COMMAND}"
     )
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from lit_fedco.seeding import (
+from lit_fedco.core.seeding import (
     client_generator,
     client_generators,
     generator,

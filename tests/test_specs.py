@@ -10,7 +10,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from lit_fedco.config import DataConfig
+from lit_fedco.config.load import DataConfig
+from lit_fedco.core.errors import ConfigError
 from lit_fedco.data import data_spec, make_federated
 from lit_fedco.data.specs import (
     InvariantLogRegSpec,
@@ -18,7 +19,6 @@ from lit_fedco.data.specs import (
     StepImbalancedSpec,
     TaskSpec,
 )
-from lit_fedco.errors import ConfigError
 
 RECIPES = {
     "comfedl_dro": PartitionedSpec,

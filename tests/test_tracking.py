@@ -11,8 +11,8 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from lit_fedco.errors import ConfigError
-from lit_fedco.tracking import (
+from lit_fedco.core.errors import ConfigError
+from lit_fedco.report.tracking import (
     check_tracking,
     finalize_loggers,
     make_loggers,

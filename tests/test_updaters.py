@@ -9,10 +9,10 @@ import torch
 from torch import nn
 from torch.func import grad
 
-from lit_fedco import simulate
+from lit_fedco.core.state import stack
+from lit_fedco.engine import simulate
 from lit_fedco.objectives import Objective
 from lit_fedco.objectives.dro import ClientKLDRO, kl_dro_value
-from lit_fedco.state import stack
 from lit_fedco.updaters import ComFedL, FedAvg, Hparams
 
 
@@ -47,7 +47,7 @@ CLIENTS = [
 
 
 def run_rounds(upd, rounds: int, local_steps: int) -> float:
-    """Full participation through the round the loop runs (lit_fedco.round)."""
+    """Full participation through the round the loop runs (lit_fedco.engine.round)."""
     batches = {"inner": stack(CLIENTS)}
     return float(simulate.run_rounds(upd, batches, rounds, local_steps)[-1]["x"]["w"])
 

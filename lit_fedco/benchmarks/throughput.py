@@ -10,9 +10,10 @@ Each workload is FedAvg (the same learning rate everywhere) run three ways on th
   cohort client, copy the global weights into it, take I steps of SGD (autograd, in-place
   updates) on the client's minibatches, add the result to a running sum; the new global model
   is that sum divided by m. No ``vmap``, no lit_fedco round.
-- ``vectorized`` and ``sequential``: :class:`~lit_fedco.loop.FederatedLoop` with that executor.
+- ``vectorized`` and ``sequential``: :class:`~lit_fedco.engine.loop.FederatedLoop` with that
+  executor.
 
-All three draw the round's cohort with :func:`~lit_fedco.seeding.sample_cohort` and its
+All three draw the round's cohort with :func:`~lit_fedco.core.seeding.sample_cohort` and its
 minibatches with :class:`~lit_fedco.data.BatchSampler` (seeded by seed, client, round), so a
 client sees the same rows in every implementation and the drawing costs the same.
 
@@ -58,7 +59,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from lit_fedco.cpu_memory import keep_freed_memory
+from lit_fedco.experiment.cpu_memory import keep_freed_memory
 
 IMPLS = ("plain", "vectorized", "sequential")
 WORKLOADS = ("logreg", "conv", "resnet20", "cnn4")
@@ -80,7 +81,7 @@ class Workload:
 
     Attributes:
         name: ``logreg``, ``conv``, ``resnet20`` or ``cnn4``.
-        model: a :func:`lit_fedco.models.build_model` name, or ``simple_cnn``.
+        model: a :func:`lit_fedco.core.models.build_model` name, or ``simple_cnn``.
         data: ``digits``, ``fashion_mnist`` or ``synthetic`` (seeded CIFAR-shaped noise).
         clients: K, clients holding data.
         cohort: m, clients sampled per round.
@@ -176,9 +177,9 @@ def make_workloads(
 def build_data(w: Workload, seed: int, fashion_dir: str = FASHION_DIR):  # -> FederatedData
     """The federated data of ``w``: real images split IID (``per_client`` each, or the whole
     pool), or seeded random images. Validation (unused here): one held-out row per client."""
+    from lit_fedco.core.seeding import generator, numpy_generator
     from lit_fedco.data import build_federated, load_source, partition_iid
     from lit_fedco.data.build import PARTITION_STREAM
-    from lit_fedco.seeding import generator, numpy_generator
 
     k, n = w.clients, w.per_client
     if w.data == "synthetic":
@@ -231,7 +232,7 @@ class SimpleCNN(nn.Module):
 def build_net(w: Workload, input_shape: tuple[int, ...], num_classes: int, seed: int) -> nn.Module:
     """The workload's network, its parameters drawn from a generator seeded by ``seed`` (the
     same initial model in every implementation)."""
-    from lit_fedco.models import build_model
+    from lit_fedco.core.models import build_model
 
     if w.model == "simple_cnn":
         with torch.random.fork_rng(devices=[]):
@@ -274,7 +275,7 @@ class PlainLoop:
 
     def run_round(self) -> None:
         """One FedAvg round: cohort, every client's I local steps, the average."""
-        from lit_fedco.seeding import sample_cohort
+        from lit_fedco.core.seeding import sample_cohort
 
         w = self.w
         cohort = sample_cohort(self.seed, self.round_idx, self.data.num_clients, w.cohort)
@@ -305,14 +306,14 @@ class PlainLoop:
 
 
 class LitFedco:
-    """FedAvg through :class:`~lit_fedco.loop.FederatedLoop` with executor ``executor``."""
+    """FedAvg through :class:`~lit_fedco.engine.loop.FederatedLoop` with executor ``executor``."""
 
     def __init__(self, w: Workload, data, device: str, dtype: torch.dtype, seed: int,
                  executor: str) -> None:  # fmt: skip
         from lightning.fabric import Fabric
 
-        from lit_fedco.executors import make_executor
-        from lit_fedco.loop import FederatedLoop, LoopConfig
+        from lit_fedco.engine.executors import make_executor
+        from lit_fedco.engine.loop import FederatedLoop, LoopConfig
         from lit_fedco.updaters import get_updater
 
         net = build_net(w, tuple(data.x_train.shape[1:]), data.num_classes, seed)
@@ -631,7 +632,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--system-malloc",
         action="store_true",
-        help="leave glibc's malloc thresholds alone (recipes raise them: lit_fedco/cpu_memory.py)",
+        help="leave glibc's malloc thresholds alone (recipes raise them: "
+        "lit_fedco/experiment/cpu_memory.py)",
     )
     p.add_argument("--json", type=Path, default=None, help="write the records to this file")
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
@@ -697,8 +699,8 @@ def _import_all() -> None:
     import lightning.fabric  # noqa: F401
 
     import lit_fedco.data
-    import lit_fedco.executors
-    import lit_fedco.loop
+    import lit_fedco.engine.executors
+    import lit_fedco.engine.loop
     import lit_fedco.updaters  # noqa: F401
 
 

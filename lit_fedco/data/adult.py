@@ -38,7 +38,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from lit_fedco.errors import ConfigError
+from lit_fedco.core.errors import ConfigError
 
 COLUMNS = (
     "age", "workclass", "fnlwgt", "education", "education-num", "marital-status",

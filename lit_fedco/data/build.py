@@ -13,7 +13,7 @@ data set, each taking its typed spec (:mod:`lit_fedco.data.specs`):
 - :func:`make_adult` — UCI Adult with its protected groups (FedDRO §6, fairness).
 
 :func:`make_federated` picks the builder from ``data.name`` / ``data.partition``. Every
-random draw comes from a generator named by (seed, constant) (:mod:`lit_fedco.seeding`),
+random draw comes from a generator named by (seed, constant) (:mod:`lit_fedco.core.seeding`),
 independent of the training streams, so a data set is a function of its spec alone.
 """
 
@@ -25,6 +25,9 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from lit_fedco.core.errors import ConfigError
+from lit_fedco.core.seeding import generator as torch_generator
+from lit_fedco.core.seeding import numpy_generator
 from lit_fedco.data import partition as P
 from lit_fedco.data.adult import load_adult
 from lit_fedco.data.container import FederatedData, build_federated
@@ -38,9 +41,6 @@ from lit_fedco.data.specs import (
     TaskSpec,
     data_spec,
 )
-from lit_fedco.errors import ConfigError
-from lit_fedco.seeding import generator as torch_generator
-from lit_fedco.seeding import numpy_generator
 
 PARTITION_STREAM = 12345
 """The partition's generator is named (seed, 12345): independent of every training stream."""

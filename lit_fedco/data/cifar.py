@@ -16,7 +16,7 @@ import torch
 from torch import Tensor
 from torchvision.datasets import CIFAR10, CIFAR100
 
-from lit_fedco.errors import ConfigError
+from lit_fedco.core.errors import ConfigError
 
 
 def _lenient(cls: type[CIFAR10], train: bool) -> type[CIFAR10]:

@@ -15,7 +15,7 @@ from PIL import Image
 from torch import Tensor
 from torchvision.datasets import Omniglot
 
-from lit_fedco.errors import ConfigError
+from lit_fedco.core.errors import ConfigError
 
 OMNIGLOT_SPLIT = (1028, 172, 423)
 """Train / validation / test characters (Vinyals et al. 2016; Torchmeta's split sizes)."""

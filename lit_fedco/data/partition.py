@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from lit_fedco.errors import ConfigError
+from lit_fedco.core.errors import ConfigError
 
 PARTITIONS = ("quantity", "iid", "dirichlet", "dominant_class")
 

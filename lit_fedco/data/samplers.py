@@ -8,7 +8,7 @@
   problem: the support set η is drawn given the task ξ).
 
 Every sampler draws client k's batches of round r from its own generator named
-(seed, k, r) (:func:`lit_fedco.seeding.generator`), so they do not depend on which other
+(seed, k, r) (:func:`lit_fedco.core.seeding.generator`), so they do not depend on which other
 clients are sampled or on which process runs client k.
 
 Batch layout of a task batch (rows of one client, one step): ``T`` tasks one after the other,
@@ -21,9 +21,9 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from lit_fedco.core.errors import ConfigError
+from lit_fedco.core.seeding import generators
 from lit_fedco.data.container import FederatedData
-from lit_fedco.errors import ConfigError
-from lit_fedco.seeding import generators
 
 
 class BatchSampler:
@@ -85,7 +85,7 @@ class BatchSampler:
 
     def streams(self, clients: Tensor, round_idx: int) -> list[tuple[int, torch.Generator]]:
         """``(k, client k's generator of round round_idx)`` for every client, in order; the
-        streams' names are hashed all at once (:func:`lit_fedco.seeding.generators`).
+        streams' names are hashed all at once (:func:`lit_fedco.core.seeding.generators`).
 
         Raises:
             IndexError: a client id outside [0, K).

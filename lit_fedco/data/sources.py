@@ -22,8 +22,8 @@ import torch
 from torch import Tensor
 from torchvision.datasets import MNIST, FashionMNIST
 
+from lit_fedco.core.errors import ConfigError
 from lit_fedco.data.cifar import load_cifar_pools
-from lit_fedco.errors import ConfigError
 
 SOURCES = ("digits", "mnist", "fashion_mnist", "cifar10", "cifar100")
 

@@ -1,10 +1,10 @@
 """Typed, validated data specs: one frozen dataclass per builder, holding the keys it reads.
 
-The run's ``data`` config node (:class:`lit_fedco.config.DataConfig`) holds the keys of every
+The run's ``data`` config node (:class:`lit_fedco.config.load.DataConfig`) holds the keys of every
 data set; each builder reads only some of them. A spec names exactly those, so a builder
 cannot read a key it does not declare, a missing key fails when the spec is made (not halfway
 through building), and every range check runs before any file is read — the first error a
-user sees is the one-line :class:`~lit_fedco.errors.ConfigError`, not a traceback from deep
+user sees is the one-line :class:`~lit_fedco.core.errors.ConfigError`, not a traceback from deep
 inside a reader.
 
 :meth:`DataSpecBase.of` converts any object with the attributes (``DataConfig`` plus ``seed``,
@@ -17,8 +17,8 @@ import dataclasses
 from dataclasses import MISSING, dataclass
 from typing import TypeVar
 
+from lit_fedco.core.errors import ConfigError
 from lit_fedco.data import partition as P
-from lit_fedco.errors import ConfigError
 
 ST_SOURCES = ("digits_st", "cifar10_st", "cifar100_st")
 """Step-imbalanced sources (:class:`StepImbalancedSpec`)."""

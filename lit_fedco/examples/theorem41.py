@@ -38,11 +38,11 @@ import torch
 from torch import Tensor, nn
 from torch.func import grad
 
-from lit_fedco.executors import Executor
+from lit_fedco.core.state import State, stack
+from lit_fedco.engine.executors import Executor
+from lit_fedco.engine.simulate import run_rounds
 from lit_fedco.objectives.base import Batch, Context, Params
 from lit_fedco.objectives.distributed import DistributedObjective
-from lit_fedco.simulate import run_rounds
-from lit_fedco.state import State, stack
 from lit_fedco.updaters.base import CompositionalUpdater, Hparams
 from lit_fedco.updaters.feddro import (
     DSFedDRO,
@@ -129,7 +129,7 @@ def simulate(
     executor: Executor | None = None,
 ) -> list[State]:
     """Run ``rounds`` rounds of ``upd`` with every client in one process, through the same
-    round as the loop (:func:`lit_fedco.simulate.run_rounds`).
+    round as the loop (:func:`lit_fedco.engine.simulate.run_rounds`).
 
     Args:
         upd: the updater.

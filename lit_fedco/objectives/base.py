@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.func import functional_call
 
-from lit_fedco.protocol import RoundContext
+from lit_fedco.core.protocol import RoundContext
 
 if TYPE_CHECKING:
     pass

@@ -31,8 +31,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.func import functional_call, grad_and_value
 
+from lit_fedco.core.state import tree_leaves, tree_map
 from lit_fedco.objectives.base import Batch, Context, Objective, Params
-from lit_fedco.state import tree_leaves, tree_map
 
 
 def plugin_gradient(

@@ -74,9 +74,9 @@ import torch
 from torch import Tensor, nn
 from torch.func import grad
 
-from lit_fedco.errors import ConfigError
+from lit_fedco.core.errors import ConfigError
+from lit_fedco.core.protocol import RoundContext
 from lit_fedco.objectives.base import Batch, Context, Objective, Params, cross_entropy
-from lit_fedco.protocol import RoundContext
 
 DISTRIBUTED_OBJECTIVES = ("kl", "chi2")
 

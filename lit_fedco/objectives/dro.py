@@ -29,9 +29,9 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor, nn
 
-from lit_fedco.errors import ConfigError
+from lit_fedco.core.errors import ConfigError
+from lit_fedco.core.protocol import RoundContext
 from lit_fedco.objectives.base import Batch, Context, Objective, Params, cross_entropy
-from lit_fedco.protocol import RoundContext
 
 FORMS = ("stable", "literal")
 

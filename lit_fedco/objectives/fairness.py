@@ -47,7 +47,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from lit_fedco.errors import ConfigError
+from lit_fedco.core.errors import ConfigError
 from lit_fedco.objectives.base import Batch, Context, Params, class_labels
 from lit_fedco.objectives.distributed import DistributedObjective
 

@@ -28,9 +28,9 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.func import functional_call, grad, grad_and_value, vjp
 
+from lit_fedco.core.state import tree_map
 from lit_fedco.objectives.base import Batch, Context, Objective, Params
 from lit_fedco.objectives.conditional import ConditionalObjective
-from lit_fedco.state import tree_map
 
 LossFn = Callable[[Params, Tensor, Tensor], Tensor]
 """``loss(params, inputs, labels) -> scalar`` (the mean loss of a batch)."""

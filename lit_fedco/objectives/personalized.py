@@ -30,12 +30,12 @@ from typing import Any, ClassVar
 
 from torch import Tensor, nn
 
-from lit_fedco.errors import ConfigError
+from lit_fedco.core.errors import ConfigError
+from lit_fedco.core.protocol import RoundContext
+from lit_fedco.core.state import tree_map
 from lit_fedco.objectives.base import Batch, Context, Objective, Params
 from lit_fedco.objectives.dro import FORMS, exp_outer, kl_dro_weights, kl_round_context
 from lit_fedco.objectives.maml import adapt, maml_loss
-from lit_fedco.protocol import RoundContext
-from lit_fedco.state import tree_map
 
 
 class MetaLearning(Objective):

@@ -26,8 +26,8 @@ import torch
 from torch import Tensor, nn
 from torchmetrics import Metric
 
+from lit_fedco.core.errors import ConfigError
 from lit_fedco.data import BatchSampler, FederatedData
-from lit_fedco.errors import ConfigError
 from lit_fedco.objectives.base import Batch, Objective, Params
 
 

@@ -10,8 +10,8 @@ import torch
 from torch import nn
 from torchmetrics import Metric
 
+from lit_fedco.core.metrics import PooledAccuracyAtPrior, PooledAveragePrecision
 from lit_fedco.data import BatchSampler, FederatedData, PositiveSampler
-from lit_fedco.metrics import PooledAccuracyAtPrior, PooledAveragePrecision
 from lit_fedco.objectives.base import Batch, Objective
 from lit_fedco.objectives.conditional import AUCMinMax, AveragePrecision, InvariantLogReg, ScoreERM
 from lit_fedco.problems.base import Problem, ProblemParams, register_problem
@@ -120,6 +120,6 @@ class AUPRCProblem(Problem):
 
     def eval_metrics(self) -> dict[str, Metric]:
         """Average precision and the accuracy at the prior-matched threshold
-        (:func:`~lit_fedco.metrics.accuracy_at_prior`), over all rows of the split (pooled
+        (:func:`~lit_fedco.core.metrics.accuracy_at_prior`), over all rows of the split (pooled
         over clients)."""
         return {"ap": PooledAveragePrecision(), "acc_prior": PooledAccuracyAtPrior()}

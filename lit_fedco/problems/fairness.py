@@ -12,9 +12,9 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torchmetrics import Metric
 
+from lit_fedco.core.errors import ConfigError
+from lit_fedco.core.metrics import TPRGapViolation
 from lit_fedco.data import FederatedData
-from lit_fedco.errors import ConfigError
-from lit_fedco.metrics import TPRGapViolation
 from lit_fedco.objectives.base import Objective
 from lit_fedco.objectives.fairness import EqualOpportunity, fairness_penalty
 from lit_fedco.problems.base import Problem, ProblemParams, register_problem

@@ -11,12 +11,12 @@ import torch
 from torch import Tensor, nn
 from torch.func import functional_call, vmap
 
+from lit_fedco.core.seeding import generator
 from lit_fedco.data import BatchSampler, FederatedData, TaskSampler
 from lit_fedco.data.samplers import rows_by_class, sample_task_rows
 from lit_fedco.objectives.base import Objective, Params
 from lit_fedco.objectives.maml import MAML, FewShot, TaskERM, adapt
 from lit_fedco.problems.base import Problem, ProblemParams, register_problem
-from lit_fedco.seeding import generator
 
 
 @dataclass(frozen=True)

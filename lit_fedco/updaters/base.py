@@ -6,7 +6,7 @@ does with it). Writing a new method means overriding :meth:`CompositionalUpdater
 and, where the server does more than average, :meth:`CompositionalUpdater.server_update`; how
 each state entry travels is declared in :attr:`CompositionalUpdater.client_state`.
 
-The round (:func:`lit_fedco.round.federated_round`, written once) calls::
+The round (:func:`lit_fedco.engine.round.federated_round`, written once) calls::
 
     state   = init_client(server, info)                       # broadcast to every cohort client
     ctx     = round_context(server, info, probes)              # probes only if :attr:`probes`
@@ -24,10 +24,10 @@ from typing import Any, ClassVar, Generic, TypeVar
 
 from torch import Tensor, nn
 
-from lit_fedco.errors import ConfigError
+from lit_fedco.core.errors import ConfigError
+from lit_fedco.core.protocol import RoundContext, RoundInfo, Sync
+from lit_fedco.core.state import State, tree_map
 from lit_fedco.objectives.base import Batch, Context, Objective, model_params
-from lit_fedco.protocol import RoundContext, RoundInfo, Sync
-from lit_fedco.state import State, tree_map
 
 
 @dataclass(frozen=True)
@@ -81,7 +81,7 @@ class CompositionalUpdater(Generic[H]):
     name: ClassVar[str] = ""
     hparams_cls: ClassVar[type[Hparams]] = Hparams
     client_state: ClassVar[dict[str, Sync]] = {"x": Sync.ROUND}
-    """How each client-state entry travels (:class:`~lit_fedco.protocol.Sync`); entries not
+    """How each client-state entry travels (:class:`~lit_fedco.core.protocol.Sync`); entries not
     named are :attr:`Sync.LOCAL`. The default uploads x for averaging."""
     roles: ClassVar[tuple[str, ...]] = ()
     """Independent minibatches each client draws per local step (e.g. ``("grad", "value")``);
@@ -105,9 +105,9 @@ class CompositionalUpdater(Generic[H]):
     broadcast_keys: ClassVar[tuple[str, ...]] = ("x",)
     """Server-state entries every cohort client starts the round from (those present)."""
     unvmappable_models: ClassVar[frozenset[str]] = frozenset()
-    """Models (:func:`lit_fedco.models.build_model` names) on which this updater's client step
+    """Models (:func:`lit_fedco.core.models.build_model` names) on which this updater's client step
     cannot run under ``vmap``; ``executor=auto`` runs a run with such a pair sequentially
-    (:func:`lit_fedco.executors.choose_executor`)."""
+    (:func:`lit_fedco.engine.executors.choose_executor`)."""
 
     def __init__(self, hparams: H, model: nn.Module, objective: Objective | None = None) -> None:
         if not isinstance(hparams, self.hparams_cls):

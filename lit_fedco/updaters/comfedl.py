@@ -32,9 +32,9 @@ from typing import Any, ClassVar
 from torch import Tensor
 from torch.func import grad, vjp
 
-from lit_fedco.models import BATCH_STATISTICS_MODELS
+from lit_fedco.core.models import BATCH_STATISTICS_MODELS
+from lit_fedco.core.state import State, tree_axpy, tree_map
 from lit_fedco.objectives.base import Batch, Context
-from lit_fedco.state import State, tree_axpy, tree_map
 from lit_fedco.updaters.base import CompositionalUpdater, Hparams, combine, register
 
 

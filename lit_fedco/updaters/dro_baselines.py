@@ -38,18 +38,19 @@ import torch
 from torch import Tensor
 from torch.func import grad
 
-from lit_fedco.errors import ConfigError
+from lit_fedco.core.errors import ConfigError
+from lit_fedco.core.protocol import RoundContext, RoundInfo, Sync
+from lit_fedco.core.seeding import generator
+from lit_fedco.core.state import State, tree_axpy
 from lit_fedco.objectives.base import Batch, Context, Params
-from lit_fedco.protocol import RoundContext, RoundInfo, Sync
-from lit_fedco.seeding import generator
-from lit_fedco.state import State, tree_axpy
 from lit_fedco.updaters.base import register
 from lit_fedco.updaters.feddro import DistributedUpdater, MBSGDHparams
 
 FASTDRO_ESTIMATORS = ("minibatch", "mlmc")
 
 MLMC_STREAM = 0x313C
-"""The last key of the level draws' stream, (seed, round, 0x313C) (:mod:`lit_fedco.seeding`)."""
+"""The last key of the level draws' stream, (seed, round, 0x313C)
+(:mod:`lit_fedco.core.seeding`)."""
 
 
 # ---------------------------------------------------------------------- FastDRO

@@ -35,10 +35,8 @@ import torch
 from torch import Tensor, nn
 from torch.func import grad, grad_and_value
 
-from lit_fedco.objectives.base import Batch, Context, Objective, Params
-from lit_fedco.objectives.conditional import AUCMinMax, ConditionalObjective, plugin_gradient
-from lit_fedco.protocol import RoundContext, RoundInfo, Sync
-from lit_fedco.state import (
+from lit_fedco.core.protocol import RoundContext, RoundInfo, Sync
+from lit_fedco.core.state import (
     State,
     tree_axpy,
     tree_clone,
@@ -47,6 +45,8 @@ from lit_fedco.state import (
     tree_scale,
     tree_sub,
 )
+from lit_fedco.objectives.base import Batch, Context, Objective, Params
+from lit_fedco.objectives.conditional import AUCMinMax, ConditionalObjective, plugin_gradient
 from lit_fedco.updaters.base import CompositionalUpdater, H, Hparams, register
 
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 from torch import Tensor
 from torch.func import grad_and_value
 
+from lit_fedco.core.state import State, tree_axpy
 from lit_fedco.objectives.base import Batch, Context
-from lit_fedco.state import State, tree_axpy
 from lit_fedco.updaters.base import CompositionalUpdater, H, Hparams, register
 
 

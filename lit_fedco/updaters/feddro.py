@@ -32,13 +32,13 @@ from typing import ClassVar, TypeVar
 from torch import Tensor
 from torch.func import grad
 
-from lit_fedco.errors import ConfigError
+from lit_fedco.core.errors import ConfigError
+from lit_fedco.core.protocol import RoundContext, RoundInfo, Sync
+from lit_fedco.core.state import State, tree_axpy
 from lit_fedco.objectives.base import Batch, Context, Params
 from lit_fedco.objectives.distributed import (
     DistributedObjective,
 )
-from lit_fedco.protocol import RoundContext, RoundInfo, Sync
-from lit_fedco.state import State, tree_axpy
 from lit_fedco.updaters.base import CompositionalUpdater, Hparams, combine, register
 
 FEDAVG_CO_CASES = ("I", "II")

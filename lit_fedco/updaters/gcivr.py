@@ -53,9 +53,9 @@ import torch
 from torch import Tensor, nn
 from torch.func import jacrev
 
+from lit_fedco.core.protocol import RoundContext, RoundInfo, Sync
+from lit_fedco.core.state import State, tree_axpy, tree_map
 from lit_fedco.objectives.base import Batch, Context, Objective, Params
-from lit_fedco.protocol import RoundContext, RoundInfo, Sync
-from lit_fedco.state import State, tree_axpy, tree_map
 from lit_fedco.updaters.base import register
 from lit_fedco.updaters.feddro import DistributedUpdater, MBSGDHparams
 

@@ -23,13 +23,13 @@ from typing import ClassVar
 from torch import Tensor, nn
 from torch.func import grad
 
-from lit_fedco.errors import ConfigError
-from lit_fedco.models import BATCH_STATISTICS_MODELS
+from lit_fedco.core.errors import ConfigError
+from lit_fedco.core.models import BATCH_STATISTICS_MODELS
+from lit_fedco.core.protocol import RoundInfo, Sync
+from lit_fedco.core.state import State, tree_axpy, tree_sub
 from lit_fedco.objectives.base import Batch, Context, Objective
 from lit_fedco.objectives.maml import per_fedavg_direction
 from lit_fedco.objectives.personalized import MetaLearning
-from lit_fedco.protocol import RoundInfo, Sync
-from lit_fedco.state import State, tree_axpy, tree_sub
 from lit_fedco.updaters.base import Hparams, register
 from lit_fedco.updaters.fedavg import FedAvg
 

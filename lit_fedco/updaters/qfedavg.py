@@ -27,9 +27,9 @@ import torch
 from torch import Tensor
 from torch.func import grad_and_value
 
+from lit_fedco.core.protocol import RoundContext, RoundInfo
+from lit_fedco.core.state import State, tree_axpy, tree_leaves, tree_map, tree_scale, tree_sub
 from lit_fedco.objectives.base import Batch, Context
-from lit_fedco.protocol import RoundContext, RoundInfo
-from lit_fedco.state import State, tree_axpy, tree_leaves, tree_map, tree_scale, tree_sub
 from lit_fedco.updaters.base import CompositionalUpdater, Hparams, register
 
 LOSS_FLOOR = 1e-10

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from lit_fedco.errors import ConfigError
-from lit_fedco.failures import Failures
+from lit_fedco.core.errors import ConfigError
+from lit_fedco.engine.failures import Failures
 
 
 @dataclass(frozen=True)

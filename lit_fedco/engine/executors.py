@@ -23,8 +23,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch.func import vmap
 
-from lit_fedco.errors import ConfigError
-from lit_fedco.state import index, stack, tree_map
+from lit_fedco.core.errors import ConfigError
+from lit_fedco.core.state import index, stack, tree_map
 
 if TYPE_CHECKING:
     from lit_fedco.updaters.base import CompositionalUpdater
@@ -133,7 +133,7 @@ EXECUTORS: dict[str, type[Executor]] = {
 AUTO = "auto"
 """The config value that lets :func:`choose_executor` pick the executor."""
 SEQUENTIAL_ON_CPU = frozenset({"resnet20"})
-""":func:`lit_fedco.models.build_model` names that ``auto`` runs sequentially on the CPU."""
+""":func:`lit_fedco.core.models.build_model` names that ``auto`` runs sequentially on the CPU."""
 
 
 def choose_executor(

@@ -14,17 +14,23 @@ import torch
 from lightning.fabric import Fabric
 from omegaconf import DictConfig, OmegaConf
 
-from lit_fedco.config import problem_name, problem_params, updater_hparams
+from lit_fedco.config.load import problem_name, problem_params, updater_hparams
+from lit_fedco.core.errors import ConfigError
+from lit_fedco.core.models import build_model
 from lit_fedco.data import FederatedData, make_federated
-from lit_fedco.errors import ConfigError
-from lit_fedco.executors import choose_executor, make_executor
-from lit_fedco.failures import Failures
-from lit_fedco.loop import LoopConfig
-from lit_fedco.models import build_model
-from lit_fedco.pretrain import check as check_pretrain
-from lit_fedco.pretrain import check_shapes, enabled, load_params, pretrain_config, set_params
+from lit_fedco.engine.executors import choose_executor, make_executor
+from lit_fedco.engine.failures import Failures
+from lit_fedco.engine.loop import LoopConfig
+from lit_fedco.experiment.pretrain import check as check_pretrain
+from lit_fedco.experiment.pretrain import (
+    check_shapes,
+    enabled,
+    load_params,
+    pretrain_config,
+    set_params,
+)
 from lit_fedco.problems import Classification, Problem, ProblemParams, get_problem
-from lit_fedco.tracking import check_tracking, check_wandb_server
+from lit_fedco.report.tracking import check_tracking, check_wandb_server
 from lit_fedco.updaters.base import CompositionalUpdater, available_updaters, get_updater
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64}
@@ -170,7 +176,7 @@ def loop_config(cfg: DictConfig, seed: int) -> LoopConfig:
 
 def run_executor(cfg: DictConfig) -> str:
     """The executor the run uses (``executor=auto`` resolved for its model and device:
-    :func:`~lit_fedco.executors.choose_executor`)."""
+    :func:`~lit_fedco.engine.executors.choose_executor`)."""
     names = list(cfg.updaters)
     if enabled(cfg):
         names.append(cfg.pretrain.updater)
@@ -284,7 +290,7 @@ def build_updater(
     init: dict[str, torch.Tensor] | None = None,
 ) -> tuple[CompositionalUpdater, Problem]:
     """Updater ``name`` with a model seeded by ``seed`` (or with the parameters ``init``, the
-    run's shared starting point: :mod:`lit_fedco.pretrain`), and the problem it runs on.
+    run's shared starting point: :mod:`lit_fedco.experiment.pretrain`), and the problem it runs on.
 
     The run's problem (``cfg.objective``, or the updater's default problem; plain
     :class:`~lit_fedco.problems.Classification` when neither names one) decides the model's

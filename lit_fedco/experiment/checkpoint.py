@@ -24,7 +24,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from lit_fedco.errors import ConfigError
+from lit_fedco.core.errors import ConfigError
 
 MAGIC = b"lit_fedco checkpoint v1\n"
 SUFFIX = ".ckpt"

@@ -1,14 +1,14 @@
-"""The configuration's catalog, ``lit_fedco/schema.json``: every config key with its type,
+"""The configuration's catalog, ``lit_fedco/config/schema.json``: every config key with its type,
 default and one-line description, read by the torch-free command line (:mod:`lit_fedco.cli`)
 so that ``--help`` and a mistyped key answer before torch is imported.
 
-The catalog is generated from the typed schema (:func:`lit_fedco.config.schema`: the run's
+The catalog is generated from the typed schema (:func:`lit_fedco.config.load.schema`: the run's
 dataclasses, every registered updater's hyperparameters and every registered problem's
 parameters, in that order) and the dataclasses' Google docstrings (their ``Attributes:``
 sections; a field a subclass does not document takes its parent's description). Regenerate it
 after changing any of them::
 
-    python -m lit_fedco.schema --write
+    python -m lit_fedco.config.schema --write
 
 ``tests/test_schema.py`` fails while the committed file is stale. This module imports
 everything (torch included); only the generated file is read on the fast path.
@@ -29,7 +29,7 @@ from typing import Any
 SCHEMA_FILE = Path(__file__).resolve().parent / "schema.json"
 """The committed catalog."""
 
-WRITE_COMMAND = "python -m lit_fedco.schema --write"
+WRITE_COMMAND = "python -m lit_fedco.config.schema --write"
 
 TYPE_NAMES: dict[Any, str] = {
     int: "int",
@@ -176,10 +176,10 @@ def problem_entry(name: str, strict: bool = True) -> dict[str, Any]:
 
 def build() -> dict[str, Any]:
     """The catalog: the run's keys, then one node per config section in the order of
-    :func:`lit_fedco.config.schema` (data, model, failures, the updaters, the problems)."""
+    :func:`lit_fedco.config.load.schema` (data, model, failures, the updaters, the problems)."""
     from omegaconf import DictConfig
 
-    from lit_fedco.config import RunConfig, schema
+    from lit_fedco.config.load import RunConfig, schema
     from lit_fedco.problems import available_problems
     from lit_fedco.updaters import available_updaters
 
@@ -220,7 +220,7 @@ def dumps(catalog: dict[str, Any]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     """``--write`` regenerates :data:`SCHEMA_FILE`; ``--check`` (default) exits 1 when stale."""
-    parser = argparse.ArgumentParser(prog="python -m lit_fedco.schema", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m lit_fedco.config.schema", description=__doc__)
     parser.add_argument("--write", action="store_true", help=f"rewrite {SCHEMA_FILE.name}")
     args = parser.parse_args(argv)
     text = dumps(build())

@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from torch import Tensor
 from torchmetrics import Metric
 
-from lit_fedco.errors import ConfigError
+from lit_fedco.core.errors import ConfigError
 
 
 def per_client_summary(

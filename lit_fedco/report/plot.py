@@ -1,6 +1,6 @@
 """Paper-style figures of finished runs, drawn from what the runs recorded (no W&B needed).
 
-``python -m lit_fedco.plot RUN_DIR [RUN_DIR ...] [--out DIR]`` re-draws one run, or overlays
+``python -m lit_fedco.report.plot RUN_DIR [RUN_DIR ...] [--out DIR]`` re-draws one run, or overlays
 several (two variants, our run next to another seed set), and writes a Markdown summary table.
 Every recipe run calls :func:`draw_run` on its own folder when it ends, so its figures sit in
 ``<run_dir>/figures/`` as PNG and PDF:
@@ -70,7 +70,7 @@ def load_run(run_dir: Path) -> dict[str, Any]:
         rec = json.loads(path.read_text())
     except (OSError, ValueError) as err:
         raise SystemExit(
-            f"lit_fedco.plot: {path} is not a finished run's results ({err})"
+            f"lit_fedco.report.plot: {path} is not a finished run's results ({err})"
         ) from None
     rec["name"] = Path(run_dir).name
     rec.setdefault("columns", DEFAULT_COLUMNS)
@@ -277,9 +277,9 @@ def draw_run(run_dir: Path, title: str = "") -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """``python -m lit_fedco.plot RUN_DIR [RUN_DIR ...] [--out DIR]``."""
+    """``python -m lit_fedco.report.plot RUN_DIR [RUN_DIR ...] [--out DIR]``."""
     ap = argparse.ArgumentParser(
-        prog="python -m lit_fedco.plot", description=__doc__.split("\n\n")[0]
+        prog="python -m lit_fedco.report.plot", description=__doc__.split("\n\n")[0]
     )
     ap.add_argument("runs", nargs="+", type=Path, help="run folders (<out_dir>/<recipe>/<run>)")
     ap.add_argument("--out", type=Path, help="where to write (default: the run's figures/, or "

@@ -29,8 +29,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from lit_fedco.checkpoint import atomic_write
-from lit_fedco.errors import ConfigError
+from lit_fedco.core.errors import ConfigError
+from lit_fedco.experiment.checkpoint import atomic_write
 
 RUN_DIR_ENV = "LIT_FEDCO_RUN_DIR"
 """Set by the launching process so that the processes Fabric starts share its run folder."""

@@ -3,7 +3,7 @@
 Every key is typed by a dataclass (the run's :class:`RunConfig` and, under the updater's name,
 each registered updater's hyperparameter dataclass), so unknown keys and values of the wrong
 type are rejected with a message that names the key. Range checks run when the dataclasses are
-built (:func:`updater_hparams`, :class:`~lit_fedco.loop.FederatedLoop`).
+built (:func:`updater_hparams`, :class:`~lit_fedco.engine.loop.FederatedLoop`).
 """
 
 from __future__ import annotations
@@ -19,13 +19,13 @@ import yaml
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from lit_fedco.config_errors import check_flat_lists, example, friendly
-from lit_fedco.errors import ConfigError
-from lit_fedco.failures import Failures
+from lit_fedco.config.messages import check_flat_lists, example, friendly
+from lit_fedco.core.errors import ConfigError
+from lit_fedco.engine.failures import Failures
 from lit_fedco.problems import ProblemParams, available_problems, get_problem
 from lit_fedco.updaters.base import Hparams, available_updaters, get_updater
 
-PRESET_DIR = Path(__file__).resolve().parent.parent / "recipes"
+PRESET_DIR = Path(__file__).resolve().parents[2] / "recipes"
 """Where bare preset names are looked up (the repository's ``recipes/``)."""
 
 
@@ -95,7 +95,7 @@ class DataConfig:
 
 @dataclass
 class ModelConfig:
-    """The network (``lit_fedco.models``).
+    """The network (``lit_fedco.core.models``).
 
     Attributes:
         name: ``logreg`` (multinomial logistic regression), ``mlp`` (tanh, ``hidden``),
@@ -110,8 +110,8 @@ class ModelConfig:
 
 @dataclass
 class PretrainConfig:
-    """A pre-training phase (:mod:`lit_fedco.pretrain`), run once per seed before the methods;
-    every method of that seed starts from its final model.
+    """A pre-training phase (:mod:`lit_fedco.experiment.pretrain`), run once per seed before the
+    methods; every method of that seed starts from its final model.
 
     Attributes:
         rounds: communication rounds of the pre-training; 0: none (every method starts from
@@ -150,7 +150,7 @@ class RunConfig:
         accelerator / devices / num_nodes / strategy: passed to ``lightning.fabric.Fabric``.
         tracking: any of ``wandb``, ``csv``; ``[none]`` logs nothing.
         out_dir: runs go to ``<out_dir>/<recipe>/<run_name>/`` (config, metrics, W&B runs,
-            checkpoints, results; :mod:`lit_fedco.rundir`).
+            checkpoints, results; :mod:`lit_fedco.experiment.rundir`).
         run_name: the run's folder name; empty: the start time (``20261124-093000``).
         project: the W&B project.
         progress: show a progress bar.
@@ -170,7 +170,7 @@ class RunConfig:
         variants: run everything once per entry, each a space-separated list of
             ``key=value`` overrides applied after the command line (e.g.
             ``"invariant_logreg.m=100"``); empty: one run of the config as it is.
-        failures: simulated client failures (:class:`~lit_fedco.failures.Failures`):
+        failures: simulated client failures (:class:`~lit_fedco.engine.failures.Failures`):
             ``failures.drop=p`` (a sampled client drops out before uploading) and
             ``failures.partial=p`` (a client completes only some of its local steps).
         init_from: a lit_fedco checkpoint (``.ckpt``: any sub-run's, or a pre-training's

@@ -1,5 +1,5 @@
-"""A recipe's ``--help`` and ``--help-all``, written from the catalog (:mod:`lit_fedco.catalog`)
-and the config the command line would run with; no torch.
+"""A recipe's ``--help`` and ``--help-all``, written from the catalog
+(:mod:`lit_fedco.config.catalog`) and the config the command line would run with; no torch.
 
 ``--help``: the usage, the recipe's summary, the keys the recipe sets, the hyperparameters of
 its updaters and the parameters of its problem (with the values it would run with and a line
@@ -18,8 +18,8 @@ import textwrap
 from collections.abc import Callable
 from typing import Any
 
-from lit_fedco import catalog
-from lit_fedco.errors import ConfigError
+from lit_fedco.config import catalog
+from lit_fedco.core.errors import ConfigError
 
 HELP_FLAGS = ("-h", "--help", "help", "--help-all")
 """Arguments that ask for help (``--help-all``: every key)."""

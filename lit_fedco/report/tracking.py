@@ -23,7 +23,7 @@ the run's processes) and can be uploaded later with ``wandb sync``. ``WANDB_BASE
 an http(s) URL, and ``project`` a W&B project name (at most 128 characters, none of
 ``/\\#?%:``).
 
-:func:`read_wandb_offline_run` (:mod:`lit_fedco.wandb_read`) reads an offline run back, so
+:func:`read_wandb_offline_run` (:mod:`lit_fedco.report.wandb_read`) reads an offline run back, so
 that tests can check what a run logged without a W&B server.
 """
 
@@ -47,9 +47,9 @@ from lightning.fabric.utilities.rank_zero import rank_zero_only
 from lightning.pytorch.loggers import WandbLogger
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
-from lit_fedco.errors import ConfigError
-from lit_fedco.wandb_read import read_wandb_offline_run as read_wandb_offline_run
-from lit_fedco.wandb_read import wandb_records as wandb_records
+from lit_fedco.core.errors import ConfigError
+from lit_fedco.report.wandb_read import read_wandb_offline_run as read_wandb_offline_run
+from lit_fedco.report.wandb_read import wandb_records as wandb_records
 
 TRACKERS = ("wandb", "csv", "none")
 
@@ -248,8 +248,8 @@ def make_loggers(
     """The experiment trackers of ``tracking``, each already holding the resolved ``config``.
 
     Every run records its metrics in its run folder (``metrics.jsonl`` and ``metrics.csv``,
-    :class:`lit_fedco.rundir.History`) whatever ``tracking`` says; ``csv`` asks for nothing
-    more, ``wandb`` adds a W&B run.
+    :class:`lit_fedco.experiment.rundir.History`) whatever ``tracking`` says; ``csv`` asks for
+    nothing more, ``wandb`` adds a W&B run.
 
     Args:
         tracking: any of ``"wandb"``, ``"csv"``; ``["none"]`` or ``[]`` for none.

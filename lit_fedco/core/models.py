@@ -8,7 +8,7 @@ import math
 import torch
 from torch import nn
 
-from lit_fedco.errors import ConfigError
+from lit_fedco.core.errors import ConfigError
 
 
 class LogisticRegression(nn.Module):

@@ -1,5 +1,5 @@
 """Reading a W&B offline run back, without a W&B server (re-exported by
-:mod:`lit_fedco.tracking`).
+:mod:`lit_fedco.report.tracking`).
 
 An offline run is one ``run-<id>.wandb`` file: W&B's transaction log of protobuf ``Record``
 messages (config, history rows, summary, exit code). :func:`read_wandb_offline_run` reads it

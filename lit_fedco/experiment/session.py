@@ -1,10 +1,11 @@
 """One (updater, seed) of a run, made to survive: periodic checkpoints, exact resume, clean
 stops on SIGTERM / SIGINT, and refusals of checkpoints that belong elsewhere.
 
-A sub-run writes into ``<run_dir>/<sub>/`` (:mod:`lit_fedco.rundir`). After every
+A sub-run writes into ``<run_dir>/<sub>/`` (:mod:`lit_fedco.experiment.rundir`). After every
 ``checkpoint_every`` rounds, after the last round, and when the process is asked to stop, rank
-0 writes a checkpoint (:mod:`lit_fedco.checkpoint`) of everything needed to continue: the loop
-state, and what the state belongs to. Minibatches, cohorts and conditional samples are functions
+0 writes a checkpoint (:mod:`lit_fedco.experiment.checkpoint`) of everything needed to continue: the
+loop state, and what the state belongs to. Minibatches, cohorts and conditional samples are
+functions
 of (seed, client, round), so a run resumed from round r ends bit-identical to one never
 stopped. A diverged run (non-finite loss or state) writes no checkpoint: the last good one
 stays.
@@ -27,10 +28,15 @@ from omegaconf import DictConfig, OmegaConf
 from torch import Tensor
 from tqdm.auto import tqdm
 
-import lit_fedco
-from lit_fedco import checkpoint as ckpt
-from lit_fedco import pretrain
-from lit_fedco.assemble import (
+from lit_fedco.core.state import tree_leaves
+from lit_fedco.core.version import VERSION
+from lit_fedco.data import FederatedData, format_partition_stats
+from lit_fedco.engine.executors import make_executor
+from lit_fedco.engine.loop import FederatedLoop
+from lit_fedco.engine.round import Comm
+from lit_fedco.experiment import checkpoint as ckpt
+from lit_fedco.experiment import pretrain
+from lit_fedco.experiment.assemble import (
     DTYPES,
     RESUMABLE_CHANGES,
     build_data,
@@ -40,13 +46,8 @@ from lit_fedco.assemble import (
     relevant_config,
     run_executor,
 )
-from lit_fedco.data import FederatedData, format_partition_stats
-from lit_fedco.executors import make_executor
-from lit_fedco.loop import FederatedLoop
-from lit_fedco.round import Comm
-from lit_fedco.rundir import History, read_json, sweep, write_json
-from lit_fedco.state import tree_leaves
-from lit_fedco.tracking import finalize_loggers, make_loggers
+from lit_fedco.experiment.rundir import History, read_json, sweep, write_json
+from lit_fedco.report.tracking import finalize_loggers, make_loggers
 
 
 class Diverged(FloatingPointError):
@@ -107,7 +108,7 @@ def stop_request() -> Tensor:
 def stop_requested(fabric: Fabric, comm: Comm) -> int:
     """The signal asking every process to stop, or 0, the same on every process so that all
     of them stop after the same round: the requests that travelled in the round's aggregation
-    (:meth:`~lit_fedco.round.Comm.carry`, given :func:`stop_request` before the round), with
+    (:meth:`~lit_fedco.engine.round.Comm.carry`, given :func:`stop_request` before the round), with
     no collective of their own; one collective only if no collective took them."""
     mine = _REQUESTED[0] if _REQUESTED else 0
     if fabric.world_size == 1:
@@ -124,7 +125,7 @@ def content(loop: FederatedLoop, identity: dict[str, Any]) -> dict[str, Any]:
     """A checkpoint's content: the loop's state and what it belongs to."""
     return {
         **identity,
-        "lit_fedco": lit_fedco.__version__,
+        "lit_fedco": VERSION,
         "rounds_scheduled": loop.cfg.rounds,
         "loop": loop.state_dict(),
     }
@@ -204,7 +205,7 @@ def run_sub(
 ) -> tuple[dict[str, float], FederatedLoop]:
     """Run updater ``name`` with ``seed`` into ``folder``, from ``resume_from`` if given.
 
-    ``init`` is the run's shared starting point (:mod:`lit_fedco.pretrain`): ``{"params":
+    ``init`` is the run's shared starting point (:mod:`lit_fedco.experiment.pretrain`): ``{"params":
     the model parameters, "from": where they come from}``; None: the seeded initialisation.
     It is recorded in ``status.json`` and the logged config (``init``).
 

@@ -1,7 +1,7 @@
 """Evaluation of a federated model on every client's own data.
 
 Each process evaluates its share of the K clients (``rank::world``, like the cohort) and the
-per-client metrics are sum states (:mod:`lit_fedco.metrics`), so the result is the same on 1
+per-client metrics are sum states (:mod:`lit_fedco.core.metrics`), so the result is the same on 1
 and N processes. The model is the server's, or, when the updater personalises, each client's
 own parameters after adaptation on a fixed support batch of its training rows (ComFedL §5.2).
 """
@@ -15,15 +15,15 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from lit_fedco.core.metrics import PerClientClassification
+from lit_fedco.core.protocol import Sync
+from lit_fedco.core.seeding import support_generator
+from lit_fedco.core.state import State, broadcast, tree_map
 from lit_fedco.data import FederatedData
-from lit_fedco.executors import Executor
-from lit_fedco.metrics import PerClientClassification
+from lit_fedco.engine.executors import Executor
+from lit_fedco.engine.round import ClientStore
 from lit_fedco.objectives.base import class_labels
 from lit_fedco.problems import Problem
-from lit_fedco.protocol import Sync
-from lit_fedco.round import ClientStore
-from lit_fedco.seeding import support_generator
-from lit_fedco.state import State, broadcast, tree_map
 from lit_fedco.updaters.base import CompositionalUpdater
 
 

@@ -1,6 +1,6 @@
 """Full-participation rounds in one process on fixed batches — the round of the loop
-(:func:`lit_fedco.round.federated_round`) for examples and tests: deterministic problems with a
-known answer (``examples.theorem41``, the updaters' convergence tests)."""
+(:func:`lit_fedco.engine.round.federated_round`) for examples and tests: deterministic problems with
+a known answer (``examples.theorem41``, the updaters' convergence tests)."""
 
 from __future__ import annotations
 
@@ -8,10 +8,10 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from lit_fedco.executors import Executor, SequentialExecutor
-from lit_fedco.protocol import RoundInfo
-from lit_fedco.round import ClientStore, LocalComm, federated_round, make_store
-from lit_fedco.state import State, tree_leaves
+from lit_fedco.core.protocol import RoundInfo
+from lit_fedco.core.state import State, tree_leaves
+from lit_fedco.engine.executors import Executor, SequentialExecutor
+from lit_fedco.engine.round import ClientStore, LocalComm, federated_round, make_store
 
 if TYPE_CHECKING:
     from lit_fedco.updaters.base import CompositionalUpdater

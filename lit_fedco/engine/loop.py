@@ -1,5 +1,5 @@
 """The federated loop on Lightning Fabric: a thin driver of cohort sampling → round
-(:func:`lit_fedco.round.federated_round`) → evaluation schedule → state dict.
+(:func:`lit_fedco.engine.round.federated_round`) → evaluation schedule → state dict.
 
 One code path for 1 or N processes: every rank samples the same cohort (seeded by seed and
 round), runs its share of the cohort clients (``cohort[rank::world]``, balanced), and takes
@@ -23,16 +23,16 @@ import torch
 from lightning.fabric import Fabric
 from torch import Tensor
 
+from lit_fedco.core.errors import ConfigError
+from lit_fedco.core.protocol import RoundInfo
+from lit_fedco.core.seeding import client_generator, client_generators, sample_cohort
+from lit_fedco.core.state import State, tree_map
 from lit_fedco.data import FederatedData
-from lit_fedco.errors import ConfigError
-from lit_fedco.evaluation import Evaluator
-from lit_fedco.executors import Executor
+from lit_fedco.engine.evaluation import Evaluator
+from lit_fedco.engine.executors import Executor
+from lit_fedco.engine.round import FabricComm, federated_round, make_store
+from lit_fedco.engine.schedule import LoopConfig
 from lit_fedco.problems import Classification, Problem, ProblemParams
-from lit_fedco.protocol import RoundInfo
-from lit_fedco.round import FabricComm, federated_round, make_store
-from lit_fedco.schedule import LoopConfig
-from lit_fedco.seeding import client_generator, client_generators, sample_cohort
-from lit_fedco.state import State, tree_map
 from lit_fedco.updaters.base import CompositionalUpdater
 
 __all__ = ["FederatedLoop", "LoopConfig", "client_generator", "sample_cohort"]
@@ -85,7 +85,7 @@ class FederatedLoop:
         self.history: list[dict[str, float]] = []
 
     def run_round(self) -> dict[str, float]:
-        """Run round ``self.round`` (:func:`~lit_fedco.round.federated_round`); its logs."""
+        """Run round ``self.round`` (:func:`~lit_fedco.engine.round.federated_round`); its logs."""
         cfg, upd = self.cfg, self.updater
         k = self.data.num_clients
         cohort = sample_cohort(cfg.seed, self.round, k, cfg.cohort)
@@ -129,7 +129,7 @@ class FederatedLoop:
         return out
 
     def evaluate(self) -> dict[str, float]:
-        """Every client's metrics (:class:`~lit_fedco.evaluation.Evaluator`), then the
+        """Every client's metrics (:class:`~lit_fedco.engine.evaluation.Evaluator`), then the
         ``on_eval_end`` hook."""
         out = self.evaluate_clients(self.server, self.store, self.dtype)
         self.fabric.call("on_eval_end", loop=self, metrics=out)

@@ -17,8 +17,8 @@ sums; a mean over the cohort is that sum divided by m, so 1 and N processes agre
 order of summation. Traffic is counted per client from what each one actually sends and
 receives (:class:`Traffic`).
 
-Client failures (:class:`~lit_fedco.failures.Failures`): a client completes t_k of the I local
-steps (0: it dropped out). A mean is then the sum over the clients still running (a per-step
+Client failures (:class:`~lit_fedco.engine.failures.Failures`): a client completes t_k of the I
+local steps (0: it dropped out). A mean is then the sum over the clients still running (a per-step
 sync at step t: those with t < t_k; the upload: those with t_k ≥ 1) divided by how many they
 are, that count summed in the same collective as the sum — so a round without failures divides
 by m exactly as before. A stopped client's state stops changing; a dropped client uploads
@@ -36,10 +36,10 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor
 
-from lit_fedco.executors import Executor
-from lit_fedco.failures import Failures
-from lit_fedco.protocol import RoundContext, RoundInfo, Sync
-from lit_fedco.state import State, broadcast, flatten, numel, tree_leaves, tree_map, unflatten
+from lit_fedco.core.protocol import RoundContext, RoundInfo, Sync
+from lit_fedco.core.state import State, broadcast, flatten, numel, tree_leaves, tree_map, unflatten
+from lit_fedco.engine.executors import Executor
+from lit_fedco.engine.failures import Failures
 
 if TYPE_CHECKING:
     from lightning.fabric import Fabric
@@ -278,7 +278,7 @@ def federated_round(
         executor: runs a per-client function over ``clients`` (vmapped or in a loop).
         store: the clients' kept (:attr:`Sync.KEEP`) entries, read at the start and written
             back at the end; needed only when the updater declares such entries.
-        failures: simulated client failures (:class:`~lit_fedco.failures.Failures`; the
+        failures: simulated client failures (:class:`~lit_fedco.engine.failures.Failures`; the
             module docstring says what a failed client does); None or probabilities 0: none.
 
     Returns:

@@ -155,7 +155,7 @@ def client_generator(seed: int, client: int, round_idx: int) -> torch.Generator:
 
 def failure_generator(seed: int, client: int, round_idx: int) -> torch.Generator:
     """Client ``client``'s failure draws in round ``round_idx`` (stream
-    (seed, client, round, 0xFA11); :class:`lit_fedco.failures.Failures`)."""
+    (seed, client, round, 0xFA11); :class:`lit_fedco.engine.failures.Failures`)."""
     return generator(seed, client, round_idx, 0xFA11)
 
 

@@ -1,8 +1,8 @@
 """The configuration without torch: the committed catalog ``schema.json`` (every key's type,
-default and description; :mod:`lit_fedco.schema` writes it), the typed schema rebuilt from it,
-the presets, and the checks a command line gets before anything heavy is imported.
+default and description; :mod:`lit_fedco.config.schema` writes it), the typed schema rebuilt from
+it, the presets, and the checks a command line gets before anything heavy is imported.
 
-:func:`check` merges the same layers as :func:`lit_fedco.config.load_config` (the recipe's
+:func:`check` merges the same layers as :func:`lit_fedco.config.load.load_config` (the recipe's
 defaults, the preset and the presets it extends, the command line) into a schema of the same
 shape, built from dataclasses generated from the catalog. A key the schema does not have fails
 there with the message the full check gives; anything else it cannot judge exactly (a
@@ -26,12 +26,12 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigKeyError
 
-from lit_fedco.config_errors import unknown_key_error
-from lit_fedco.errors import ConfigError
+from lit_fedco.config.messages import unknown_key_error
+from lit_fedco.core.errors import ConfigError
 
 SCHEMA_FILE = Path(__file__).resolve().parent / "schema.json"
-PRESET_DIR = Path(__file__).resolve().parent.parent / "recipes"
-"""Where bare preset names are looked up (as :data:`lit_fedco.config.PRESET_DIR`)."""
+PRESET_DIR = Path(__file__).resolve().parents[2] / "recipes"
+"""Where bare preset names are looked up (as :data:`lit_fedco.config.load.PRESET_DIR`)."""
 
 TYPES: dict[str, Any] = {
     "int": int,
@@ -51,7 +51,7 @@ def load() -> dict[str, Any]:
     """The committed catalog (:data:`SCHEMA_FILE`); built from the dataclasses (importing
     torch) if the file is missing."""
     if not SCHEMA_FILE.is_file():
-        from lit_fedco.schema import build
+        from lit_fedco.config.schema import build
 
         return build()
     catalog: dict[str, Any] = json.loads(SCHEMA_FILE.read_text(encoding="utf-8"))
@@ -84,7 +84,7 @@ def current() -> dict[str, Any]:
     extras = runtime_extras()
     if not extras:
         return load()
-    from lit_fedco import schema
+    from lit_fedco.config import schema
     from lit_fedco.updaters import available_updaters
 
     updaters = set(available_updaters())
@@ -133,7 +133,7 @@ def _classes() -> tuple[type, tuple[tuple[str, type], ...]]:
 
 
 def typed_schema() -> DictConfig:
-    """The schema of :func:`lit_fedco.config.schema`, rebuilt from the catalog: the same
+    """The schema of :func:`lit_fedco.config.load.schema`, rebuilt from the catalog: the same
     nodes, types, defaults and flags, so that merges fail (or not) the same way."""
     run, sections = _classes()
     cfg = OmegaConf.structured(run)
@@ -149,7 +149,7 @@ def typed_schema() -> DictConfig:
 # ---------------------------------------------------------------------- checks
 def unknown_key(err: ConfigKeyError, source: str) -> ConfigError:
     """The full check's message for a key the schema does not have
-    (``lit_fedco.config._friendly``): the key, where it came from, the closest valid key and
+    (``lit_fedco.config.load._friendly``): the key, where it came from, the closest valid key and
     the valid keys of its node."""
     return unknown_key_error(str(getattr(err, "full_key", None) or "?"), source, typed_schema())
 
@@ -162,7 +162,7 @@ def _resolve_preset(preset: str) -> Path | None:
 
 
 def _preset_layers(preset: str, seen: tuple[Path, ...] = ()) -> list[tuple[str, Any]] | None:
-    """The layers of a preset as :func:`lit_fedco.config.preset_layers` reads them; None for
+    """The layers of a preset as :func:`lit_fedco.config.load.preset_layers` reads them; None for
     a preset that it would refuse (the full check words that)."""
     found = _resolve_preset(preset)
     if found is None or found.resolve() in seen:
@@ -216,7 +216,7 @@ def _check_names(cfg: DictConfig) -> None:
 
 def check(argv: list[str], defaults: dict[str, Any] | None = None) -> DictConfig | None:
     """The keys of a command line, its preset and the recipe's defaults against the catalog,
-    merged as :func:`lit_fedco.config.load_config` merges them.
+    merged as :func:`lit_fedco.config.load.load_config` merges them.
 
     Only what the full check is certain to report first is reported: an unknown key that is
     the input's only merge error (or the first in the recipe's defaults or a preset, which

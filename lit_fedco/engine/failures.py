@@ -1,14 +1,14 @@
 """Simulated client failures (config node ``failures``): drop-outs and partial work.
 
 Each cohort client's fate in a round is drawn from its own stream, named by (seed, client,
-round, 0xFA11) (:func:`lit_fedco.seeding.failure_generator`), so every process draws the same
+round, 0xFA11) (:func:`lit_fedco.core.seeding.failure_generator`), so every process draws the same
 fate for a client whichever process runs it, and a resumed run the same fates it would have
 drawn. Three uniform numbers ``u₀, u₁, u₂`` per client and round decide it:
 
 - **drop** (``u₀ < drop``): the client received the broadcast and, if the method probes, sent
   its probe — the round context is the one it would be without the failure — and then fails
   before its first local step: it takes part in no per-step sync and uploads nothing, and its
-  kept state (:attr:`~lit_fedco.protocol.Sync.KEEP`) stays as it was. It completes 0 steps.
+  kept state (:attr:`~lit_fedco.core.protocol.Sync.KEEP`) stays as it was. It completes 0 steps.
 - **partial** (otherwise, ``u₁ < partial``): the client stops after ``t = 1 + ⌊u₂ I⌋`` of its I
   local steps, uniform on {1, …, I} (t = I: it failed after its last step, so nothing is lost).
   Its state stops changing at step t, it leaves the per-step syncs, and it uploads, and keeps,
@@ -30,9 +30,9 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from lit_fedco.errors import ConfigError
-from lit_fedco.protocol import RoundInfo
-from lit_fedco.seeding import failure_generator
+from lit_fedco.core.errors import ConfigError
+from lit_fedco.core.protocol import RoundInfo
+from lit_fedco.core.seeding import failure_generator
 
 
 @dataclass(frozen=True)

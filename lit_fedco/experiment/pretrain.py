@@ -29,8 +29,8 @@ import torch
 from omegaconf import DictConfig
 from torch import Tensor
 
-from lit_fedco import checkpoint as ckpt
-from lit_fedco.errors import ConfigError
+from lit_fedco.core.errors import ConfigError
+from lit_fedco.experiment import checkpoint as ckpt
 
 PRETRAINED = "pretrained.ckpt"
 """The file, in the pre-training's sub-run folder, holding its final model."""

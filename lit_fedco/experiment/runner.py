@@ -4,8 +4,9 @@ seed) → table.
 Recipes (``lit_fedco/recipes/<name>.py``) are thin: they pass their defaults to
 :func:`main`. Every input error ends the process with exit code 2 and one line, before any
 process starts or file is written; then the run gets a folder of its own
-(:mod:`lit_fedco.rundir`), its sub-runs checkpoint as they go (:mod:`lit_fedco.session`), and
-``resume=auto run_name=NAME`` continues a run that was stopped or killed.
+(:mod:`lit_fedco.experiment.rundir`), its sub-runs checkpoint as they go
+(:mod:`lit_fedco.experiment.session`), and ``resume=auto run_name=NAME`` continues a run that was
+stopped or killed.
 """
 
 from __future__ import annotations
@@ -21,9 +22,12 @@ from typing import Any
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from lit_fedco import checkpoint as ckpt
-from lit_fedco import pretrain
-from lit_fedco.assemble import (
+from lit_fedco.config.helptext import HELP_FLAGS, print_help
+from lit_fedco.config.load import load_config, variant_configs
+from lit_fedco.core.errors import ConfigError
+from lit_fedco.experiment import checkpoint as ckpt
+from lit_fedco.experiment import pretrain
+from lit_fedco.experiment.assemble import (
     RESUMABLE_CHANGES,
     build_data,
     build_updater,
@@ -31,11 +35,8 @@ from lit_fedco.assemble import (
     make_fabric,
     run_executor,
 )
-from lit_fedco.config import load_config, variant_configs
-from lit_fedco.cpu_memory import keep_freed_memory
-from lit_fedco.errors import ConfigError
-from lit_fedco.helptext import HELP_FLAGS, print_help
-from lit_fedco.rundir import (
+from lit_fedco.experiment.cpu_memory import keep_freed_memory
+from lit_fedco.experiment.rundir import (
     RUN_DIR_ENV,
     History,
     check_writable,
@@ -47,8 +48,8 @@ from lit_fedco.rundir import (
     write_json,
     write_text,
 )
-from lit_fedco.session import Stopped, identity_of, run_sub, stop_on_signals, verify
-from lit_fedco.tracking import log_figures
+from lit_fedco.experiment.session import Stopped, identity_of, run_sub, stop_on_signals, verify
+from lit_fedco.report.tracking import log_figures
 
 TABLE_COLUMNS = [
     ("val/acc_avg", "val avg acc"),
@@ -287,8 +288,8 @@ def main(
     written. SIGTERM or SIGINT stop the run after the current round with a checkpoint (exit
     code 128 + the signal). ``columns`` are the table's (metric key, label) pairs
     (:data:`TABLE_COLUMNS` by default); ``callbacks`` receive the loop's hooks
-    (:func:`~lit_fedco.assemble.make_fabric`); ``evaluated_on`` names the data the ``val/``
-    metrics are measured on ("validation", or "test" for a recipe whose held-out data is a
+    (:func:`~lit_fedco.experiment.assemble.make_fabric`); ``evaluated_on`` names the data the
+    ``val/`` metrics are measured on ("validation", or "test" for a recipe whose held-out data is a
     test set), in the table's title, the results and the figures' labels.
     """
     argv = sys.argv[1:] if argv is None else argv
@@ -453,7 +454,7 @@ def _recorded(run_dir: Path, folders: dict[str, list[str]]) -> dict[str, Any]:
 def _figures(cfg: DictConfig, run_dir: Path, recipe: str) -> None:
     """The run's figures (``figures/``), and to W&B as images when it tracks there. Drawn from
     the record after the run; a failure to draw is reported and does not fail the run."""
-    from lit_fedco.plot import draw_run
+    from lit_fedco.report.plot import draw_run
 
     try:
         done = draw_run(run_dir, recipe)

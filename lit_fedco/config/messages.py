@@ -1,4 +1,4 @@
-"""How OmegaConf's errors become one-line :class:`~lit_fedco.errors.ConfigError` messages that
+"""How OmegaConf's errors become one-line :class:`~lit_fedco.core.errors.ConfigError` messages that
 name the key, the value (and where it came from), what was expected and an example to set."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from typing import Any
 from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import ConfigKeyError
 
-from lit_fedco.errors import ConfigError
+from lit_fedco.core.errors import ConfigError
 
 EXAMPLES = {
     "seeds": "[0,1,2]", "updaters": "[fedavg]", "tracking": "[wandb,csv]",
@@ -78,7 +78,7 @@ def _misplaced(layer: Any, cfg: DictConfig, prefix: str = "") -> tuple[str, Any,
 def unknown_key_error(key: str, source: str, cfg: DictConfig) -> ConfigError:
     """``key`` is not in ``cfg`` (it came from ``source``): the error names the closest valid
     key and the valid keys of its node. Shared by the full check and the torch-free one
-    (:mod:`lit_fedco.catalog`), so that both word it alike."""
+    (:mod:`lit_fedco.config.catalog`), so that both word it alike."""
     parent, _, leaf = key.rpartition(".")
     node: Any = cfg
     for part in parent.split(".") if parent else []:
