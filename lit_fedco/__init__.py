@@ -1,10 +1,14 @@
 """lit_fedco: federated compositional optimization on Lightning Fabric.
 
 Algorithms are :class:`CompositionalUpdater` plug-ins registered by name; recipes in
-``lit_fedco.recipes`` run the papers' experiments end to end.
+``lit_fedco.recipes`` run the papers' experiments end to end. Everything a researcher's own
+updater needs is exported here::
 
-The updaters' names are imported on first use (PEP 562), so that ``import lit_fedco`` and a
-recipe's ``--help`` do not import torch.
+    import lit_fedco
+    from lit_fedco import CompositionalUpdater, Hparams, Sync, StepInfo, register, tree_axpy
+
+The names are imported on first use (PEP 562), so that ``import lit_fedco`` and a recipe's
+``--help`` do not import torch.
 """
 
 from __future__ import annotations
@@ -16,10 +20,27 @@ from lit_fedco.core.errors import ConfigError
 from lit_fedco.core.version import VERSION
 
 if TYPE_CHECKING:
+    from lit_fedco.cli import run
+    from lit_fedco.core.protocol import Probe, RoundContext, RoundInfo, StepInfo, Sync
+    from lit_fedco.core.server_opt import ServerOptConfig
+    from lit_fedco.core.state import (
+        State,
+        tree_axpy,
+        tree_clone,
+        tree_dot,
+        tree_leaves,
+        tree_map,
+        tree_scale,
+        tree_sub,
+        tree_zeros,
+    )
+    from lit_fedco.objectives.base import Batch, Context, Objective
     from lit_fedco.updaters import (
         CompositionalUpdater,
         Hparams,
+        ServerOptHparams,
         available_updaters,
+        combine,
         get_updater,
         register,
     )
@@ -27,22 +48,68 @@ if TYPE_CHECKING:
 __version__ = VERSION
 
 _LAZY = {
+    # the one entry point: a recipe of one's own is run(name, defaults)
+    "run": "lit_fedco.cli",
+    # the plug-in surface
     "CompositionalUpdater": "lit_fedco.updaters",
     "Hparams": "lit_fedco.updaters",
-    "available_updaters": "lit_fedco.updaters",
-    "get_updater": "lit_fedco.updaters",
+    "ServerOptHparams": "lit_fedco.updaters",
     "register": "lit_fedco.updaters",
+    "combine": "lit_fedco.updaters",
+    "get_updater": "lit_fedco.updaters",
+    "available_updaters": "lit_fedco.updaters",
+    # the round's vocabulary
+    "Sync": "lit_fedco.core.protocol",
+    "RoundInfo": "lit_fedco.core.protocol",
+    "StepInfo": "lit_fedco.core.protocol",
+    "RoundContext": "lit_fedco.core.protocol",
+    "Probe": "lit_fedco.core.protocol",
+    "ServerOptConfig": "lit_fedco.core.server_opt",
+    "Objective": "lit_fedco.objectives.base",
+    "Batch": "lit_fedco.objectives.base",
+    "Context": "lit_fedco.objectives.base",
+    # pytree helpers for states
+    "State": "lit_fedco.core.state",
+    "tree_map": "lit_fedco.core.state",
+    "tree_leaves": "lit_fedco.core.state",
+    "tree_axpy": "lit_fedco.core.state",
+    "tree_sub": "lit_fedco.core.state",
+    "tree_scale": "lit_fedco.core.state",
+    "tree_dot": "lit_fedco.core.state",
+    "tree_clone": "lit_fedco.core.state",
+    "tree_zeros": "lit_fedco.core.state",
 }
 """Exported name → the module that defines it, imported on first access."""
 
 __all__ = [
+    "Batch",
     "CompositionalUpdater",
     "ConfigError",
+    "Context",
     "Hparams",
+    "Objective",
+    "Probe",
+    "RoundContext",
+    "RoundInfo",
+    "ServerOptConfig",
+    "ServerOptHparams",
+    "State",
+    "StepInfo",
+    "Sync",
     "__version__",
     "available_updaters",
+    "combine",
     "get_updater",
     "register",
+    "run",
+    "tree_axpy",
+    "tree_clone",
+    "tree_dot",
+    "tree_leaves",
+    "tree_map",
+    "tree_scale",
+    "tree_sub",
+    "tree_zeros",
 ]
 
 
@@ -52,6 +119,9 @@ def __getattr__(name: str) -> Any:
         globals()[name] = value  # later lookups skip this function
         return value
     raise AttributeError(f"module 'lit_fedco' has no attribute {name!r}")
+
+
+assert set(__all__) == {"ConfigError", "__version__", *_LAZY}  # the list above is complete
 
 
 def __dir__() -> list[str]:

@@ -1,15 +1,12 @@
-"""The recipes' entry point: help and key checks first, without torch; then the run.
+"""The one entry point: :func:`run`, what every recipe calls (``lit_fedco.run``).
 
-``python -m lit_fedco.recipes.<name> --help`` (``-h``, ``help``) and ``--help-all`` are
-answered from the catalog (:mod:`lit_fedco.config.catalog`, :mod:`lit_fedco.config.helptext`), and
-the keys of a command line, its preset and the recipe's defaults are checked against it, before
-torch,
-Lightning or W&B is imported: an unknown key ends the process with exit code 2 and the full
-check's one-line message in well under a second. Everything else (values, ranges, files) is
-checked by :func:`lit_fedco.experiment.runner.main`, which runs next.
-
-A script that registers its own updater or problem imported torch to do so, and the catalog
-does not know its keys: :func:`main` then hands everything to the runner at once.
+``python -m lit_fedco.recipes.<name> [preset=NAME] [key=value ...]`` parses its command line
+once (:mod:`lit_fedco.config.parser`), imports the modules of the user's own it names
+(:mod:`lit_fedco.config.plugins`), merges everything into the typed config
+(:mod:`lit_fedco.config.load`) and then either prints the help (``--help``, ``--help-all``) or
+runs the recipe (:func:`lit_fedco.experiment.runner.run_recipe`). Up to that point nothing
+imports torch unless a module of the user's own does, so help and the refusal of a mistyped
+key come in a fraction of a second. Bad input ends the process with exit code 2 and one line.
 """
 
 from __future__ import annotations
@@ -17,45 +14,57 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-from lit_fedco.config import catalog
-from lit_fedco.config.helptext import HELP_FLAGS, print_help
+from lit_fedco.config.helptext import render
+from lit_fedco.config.load import load
+from lit_fedco.config.parser import parse
+from lit_fedco.config.plugins import import_plugins
 from lit_fedco.core.errors import ConfigError
 
 
-def load_for_help(argv: list[str], defaults: dict[str, Any]) -> Any:
-    """The config ``argv`` would run with: the catalog's merge, or where it cannot judge the
-    command line, :func:`lit_fedco.config.load.load_config` (which raises the exact error)."""
-    cfg = catalog.check(argv, defaults)
-    if cfg is None:
-        from lit_fedco.config.load import load_config
-
-        cfg = load_config(argv, defaults)
-    return cfg
+def refuse(err: ConfigError) -> None:
+    """End the process with exit code 2 and ``err`` in one line."""
+    print(f"lit_fedco: {err}", file=sys.stderr)
+    raise SystemExit(2)
 
 
-def main(
+def run(
     recipe: str,
     defaults: dict[str, Any],
     argv: list[str] | None = None,
+    *,
     columns: list[tuple[str, str]] | None = None,
     callbacks: list[Any] | None = None,
     evaluated_on: str = "validation",
 ) -> list[Any]:
-    """Entry point of every recipe (the arguments of :func:`lit_fedco.experiment.runner.main`).
+    """Run a recipe from its command line (``sys.argv[1:]`` by default).
 
-    Help is printed from the catalog; an unknown key ends the process with exit code 2 and a
-    one-line message; both without importing torch. Otherwise the run starts:
-    :func:`lit_fedco.experiment.runner.main` with the same arguments.
+    Args:
+        recipe: the recipe's name (its runs go to ``<out_dir>/<recipe>/``).
+        defaults: the recipe's defaults, merged under any preset and the command line.
+        argv: the command line; ``--help`` / ``--help-all`` print the help instead of running.
+        columns: the results table's ``(metric key, label)`` pairs (a default set otherwise).
+        callbacks: objects with any of the loop's hooks (``on_round_start``, ``on_round_end``,
+            ``on_eval_end``), called on every process.
+        evaluated_on: what the ``val/`` metrics are measured on (``"validation"``, or
+            ``"test"`` for a recipe whose held-out data is a test set).
+
+    Returns:
+        The table's rows ``(label, final metrics per seed)``; nothing for help.
     """
     argv = sys.argv[1:] if argv is None else list(argv)
-    if not catalog.runtime_extras():
-        if any(a in HELP_FLAGS for a in argv):
-            return print_help(recipe, defaults, argv, load_for_help)
-        try:
-            catalog.check(argv, defaults)
-        except ConfigError as err:
-            print(f"lit_fedco: {err}", file=sys.stderr)
-            raise SystemExit(2) from None
-    from lit_fedco.experiment.runner import main as run
+    try:
+        cmd = import_plugins(parse(argv, defaults))
+        cfg = load(cmd)
+    except ConfigError as err:
+        refuse(err)
+    if cmd.help:
+        from omegaconf import OmegaConf
 
-    return run(recipe, defaults, argv, columns, callbacks, evaluated_on)
+        values = OmegaConf.to_container(cfg, resolve=False)
+        assert isinstance(values, dict)
+        shown = {str(k): v for k, v in values.items()}
+        print(render(recipe, defaults, shown, cmd.help == "all"), end="")
+        return []
+    from lit_fedco.experiment.runner import run_recipe
+
+    return run_recipe(recipe, cmd, cfg, columns, callbacks, evaluated_on)

@@ -190,7 +190,7 @@ def test_problem_takes_the_positive_ratio_from_the_data():
 
 
 def test_recipe_runs_every_method_and_logs(tmp_path):
-    from lit_fedco.experiment.runner import main
+    from lit_fedco.cli import run as main
     from lit_fedco.recipes.fcsg_auprc import COLUMNS, DEFAULTS
 
     seen = LastLoops()

@@ -26,7 +26,7 @@ import numpy as np
 import pytest
 import torch
 
-from lit_fedco.experiment.runner import main
+from lit_fedco.cli import run as main
 from tests.helpers import REPO
 
 BASE = ["progress=false", "rounds=2", "eval_every=1"]  # a case that passed would run briefly

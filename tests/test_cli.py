@@ -1,7 +1,7 @@
-"""The recipes' command line before torch: ``--help``, ``--help-all`` and unknown keys are
-answered from the catalog (``lit_fedco.cli``, ``lit_fedco.config.catalog``) without importing torch,
-Lightning or W&B, with the full check's own messages. (How fast: measured, not asserted; see
-the pull request / CHANGELOG.)"""
+"""The recipes' command line, parsed once (``lit_fedco.config.parser``) and merged into the
+catalog's typed schema (``lit_fedco.config.catalog``): ``--help``, ``--help-all`` and unknown keys
+are answered without importing torch, Lightning or W&B. (How fast: measured, not asserted: see
+``python -m lit_fedco.benchmarks.cli``.)"""
 
 from __future__ import annotations
 
@@ -17,9 +17,10 @@ from omegaconf import DictConfig, OmegaConf
 
 from lit_fedco import cli
 from lit_fedco.config import catalog, helptext
-from lit_fedco.config.load import load_config, schema
+from lit_fedco.config.fields import schema
+from lit_fedco.config.load import load_config
+from lit_fedco.config.parser import presets
 from lit_fedco.core.errors import ConfigError
-from lit_fedco.experiment.runner import main as runner_main
 from lit_fedco.recipes.comfedl_dro import DEFAULTS as DRO_DEFAULTS
 from lit_fedco.recipes.ds_feddro import DEFAULTS
 from lit_fedco.updaters import Hparams
@@ -148,87 +149,58 @@ def test_typed_schema_mirrors_the_full_schema():
 
 
 BAD = [
-    ["roundz=3"],
-    ["--roundz=3"],
-    ["client_dro.gama=0.1"],
-    ["data.nme=x"],
-    ["model.hiden=3"],
-    ["failures.dro=0.1"],
-    ["fedavg.mu=1"],
-    ["nonexistent.x=1"],
-    ["rounds=3", "ds_feddro.gama_x=2", "rounds=4"],
-    ["updater=comfed"],
-    ["updater=fedprox"],
-    ["updaters=[fedavg,nope]"],
-    ["objective=sample"],
-    ["preset=ds_feddro_cifar10_st", "data.nme=x"],
-]
+    (["roundz=3"], r"^roundz: unknown config key \(from the command line\); did you mean 'rounds'"),
+    (["--roundz=3"], r"^roundz: unknown config key"),
+    (["client_dro.gama=0.1"], r"^client_dro.gama: unknown config key .*did you mean 'client_dro.gamma'"),
+    (["data.nme=x"], r"^data.nme: unknown config key .*'data.name'"),
+    (["model.hiden=3"], r"^model.hiden: unknown config key .*'model.hidden'"),
+    (["failures.dro=0.1"], r"^failures.dro: unknown config key .*'failures.drop'"),
+    (["fedavg.mu=1"], r"^fedavg.mu: unknown config key"),
+    (["nonexistent.x=1"], r"^nonexistent: unknown config key"),
+    (["rounds=3", "ds_feddro.gama_x=2", "rounds=4"], r"^ds_feddro.gama_x: unknown config key"),
+    (["updater=comfed"], r"^updater: got 'comfed', expected one of \[.*\]; did you mean 'comfedl'\? an updater of your own: updater=my_module:MyUpdater"),
+    (["updaters=[fedavg,nope]"], r"^updater: got 'nope'"),
+    (["objective=sample"], r"^objective: got 'sample', expected one of \["),
+    (["preset=ds_feddro_cifar10_st", "data.nme=x"], r"^data.nme: unknown config key"),
+    (["rounds=many"], r"^rounds: got 'many' \(from the command line\), expected a value of type int"),
+    (["rounds"], r"^command line: got 'rounds', expected key=value"),
+    (["preset=nope"], r"^preset: got 'nope', no such file .*available presets: comfedl_dro_mnist"),
+    (["data=5"], r"^data: got 5 .*expected a group of keys"),
+    (["seeds=[1"], r"^seeds: got '\[1' \(from the command line\), which does not parse"),
+    (["roundz=1", "seedz=2"], r"^roundz: unknown config key"),  # the first bad item
+]  # fmt: skip
 
 
-@pytest.mark.parametrize("argv", BAD, ids=" ".join)
+@pytest.mark.parametrize("argv,message", BAD, ids=[" ".join(a) for a, _ in BAD])
 @pytest.mark.parametrize("defaults", [DEFAULTS, DRO_DEFAULTS], ids=["ds_feddro", "comfedl_dro"])
-def test_unknown_keys_and_names_get_the_full_checks_message(argv, defaults):
-    with pytest.raises(ConfigError) as exc:
-        catalog.check(argv, defaults)
-    assert str(exc.value) == full_error(argv, defaults)
+def test_bad_command_lines_get_one_line_naming_the_key(argv, message, defaults):
+    with pytest.raises(ConfigError, match=message) as exc:
+        load_config(argv, defaults)
+    assert "\n" not in str(exc.value)
 
 
 def test_unknown_keys_in_presets_and_defaults_name_their_source(tmp_path):
     (tmp_path / "base.yaml").write_text("rounds: 7\ndata:\n  nmae: digits\n")
     (tmp_path / "grid.yaml").write_text(f"extends: {tmp_path / 'base.yaml'}\nrounds: 3\n")
-    for argv, defaults in [
-        ([f"preset={tmp_path / 'grid.yaml'}"], DEFAULTS),
-        (["rounds=2"], {**DEFAULTS, "cohortt": 3}),
-        (["roundz=1"], {**DEFAULTS, "sample_dro": {"lamb": 1.0}}),
-        ([f"preset={tmp_path / 'grid.yaml'}", "roundz=1"], DEFAULTS),  # the preset's first
+    for argv, defaults, source in [
+        ([f"preset={tmp_path / 'grid.yaml'}"], DEFAULTS, f"preset {tmp_path / 'base.yaml'}"),
+        (["rounds=2"], {**DEFAULTS, "cohortt": 3}, "the recipe's defaults"),
+        (["roundz=1"], {**DEFAULTS, "sample_dro": {"lamb": 1.0}}, "the recipe's defaults"),
+        ([f"preset={tmp_path / 'grid.yaml'}", "roundz=1"], DEFAULTS, "preset"),  # the preset's
     ]:
-        with pytest.raises(ConfigError) as exc:
-            catalog.check(argv, defaults)
-        assert str(exc.value) == full_error(argv, defaults)
-    assert "(from preset " in full_error([f"preset={tmp_path / 'grid.yaml'}"], DEFAULTS)
+        with pytest.raises(ConfigError, match=rf"unknown config key \(from {re.escape(source)}"):
+            load_config(argv, defaults)
 
 
-@pytest.mark.parametrize(
-    "argv",
-    [
-        ["rounds=many"],
-        ["rounds"],
-        ["=3"],
-        ["preset=nope"],
-        ["data=5"],
-        ["rounds.x=1"],
-        ["seeds=[1"],
-        ["roundz=1", "seedz=2"],  # which comes first depends on how the full check merges
-        ["data.name=a", "rounds=abc", "data.nme=x"],
-    ],
-    ids=" ".join,
-)
-def test_other_errors_are_left_to_the_full_check(argv):
-    assert catalog.check(argv, DEFAULTS) is None
-    with pytest.raises(Exception):  # noqa: B017 (a ConfigError, or for seeds=[1 a YAML error)
-        load_config(argv, DEFAULTS)
-
-
-def test_an_empty_preset_or_value_and_the_variants_are_left_to_the_full_check(tmp_path):
+def test_an_empty_preset_is_refused(tmp_path):
     (tmp_path / "empty.yaml").write_text("# nothing\n")
-    assert catalog.check([f"preset={tmp_path / 'empty.yaml'}", "roundz=1"], DEFAULTS) is None
-    assert catalog.check(["run_name=", "roundz=1"], DEFAULTS) is None
-    assert catalog.check(["variants=[roundz=1]"], DEFAULTS) is not None
+    with pytest.raises(ConfigError, match=r"^preset: .*empty.yaml is empty"):
+        load_config([f"preset={tmp_path / 'empty.yaml'}"], DEFAULTS)
+    assert load_config(["run_name="], DEFAULTS).run_name == ""
 
 
 def _presets_of(recipe: str) -> list[str]:
-    return [name for name, _ in catalog.presets(recipe)]
-
-
-@pytest.mark.parametrize("recipe", RECIPES)
-def test_valid_configs_merge_to_the_full_config(recipe):
-    defaults = importlib.import_module(f"lit_fedco.recipes.{recipe}").DEFAULTS
-    for argv in [[], ["rounds=3", "updater=fedavg", "seeds=[1,2]"]] + [
-        [f"preset={p}"] for p in _presets_of(recipe)
-    ]:
-        fast = catalog.check(argv, defaults)
-        assert fast is not None, argv
-        assert OmegaConf.to_container(fast) == OmegaConf.to_container(load_config(argv, defaults))
+    return [name for name, _ in presets(recipe)]
 
 
 @pytest.mark.parametrize(
@@ -240,26 +212,24 @@ def test_valid_configs_merge_to_the_full_config(recipe):
     ],
     ids=" ".join,
 )
-def test_cli_and_runner_print_the_same_line_and_exit_2(argv, capsys, tmp_path):
-    args = [*argv, f"out_dir={tmp_path}"]
-    for main in (cli.main, runner_main):
-        with pytest.raises(SystemExit) as exc:
-            main("comfedl_dro", DRO_DEFAULTS, args)
-        assert exc.value.code == 2
-    fast, full = capsys.readouterr().err.splitlines()
-    assert fast == full and "unknown config key" in fast
+def test_a_bad_key_exits_2_with_one_line_and_writes_nothing(argv, capsys, tmp_path):
+    with pytest.raises(SystemExit) as exc:
+        cli.run("comfedl_dro", DRO_DEFAULTS, [*argv, f"out_dir={tmp_path}"])
+    assert exc.value.code == 2
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line.startswith("lit_fedco: ") and "unknown config key" in line
     assert not list(tmp_path.iterdir())
 
 
 # ---------------------------------------------------------------------- help text
 def test_help_shows_the_values_of_a_preset_and_overrides(capsys):
-    cli.main("ds_feddro", DEFAULTS, ["--help", "preset=ds_feddro_cifar10_st", "rounds=7"])
+    cli.run("ds_feddro", DEFAULTS, ["--help", "preset=ds_feddro_cifar10_st", "rounds=7"])
     out = capsys.readouterr().out
     for row in ["rounds=7", "data.name=cifar10_st", "model.name=resnet20",
                 "ds_feddro.lr_decay_round=90"]:  # fmt: skip
         assert has_row(out, row), row
     with pytest.raises(SystemExit) as exc:
-        cli.main("ds_feddro", DEFAULTS, ["--help", "roundz=7"])
+        cli.run("ds_feddro", DEFAULTS, ["--help", "roundz=7"])
     assert exc.value.code == 2
     assert capsys.readouterr().err.startswith("lit_fedco: roundz: unknown config key")
 
@@ -299,10 +269,10 @@ def test_an_updater_registered_at_run_time_goes_the_full_way(monkeypatch, capsys
     monkeypatch.setattr(cls, "name", "prox_test")
     monkeypatch.setitem(updater_base._REGISTRY, "prox_test", cls)
     assert catalog.runtime_extras() == ["prox_test"]
-    cli.main("ds_feddro", DEFAULTS, ["updater=prox_test", "prox_test.mu=0.5", "--help"])
+    cli.run("ds_feddro", DEFAULTS, ["updater=prox_test", "prox_test.mu=0.5", "--help"])
     out = capsys.readouterr().out
     assert "prox_test: FedProx: a test." in out
     assert has_row(out, "prox_test.mu=0.5") and "μ, the proximal weight." in out
     with pytest.raises(SystemExit):
-        cli.main("ds_feddro", DEFAULTS, ["updater=prox_test", "prox_test.nu=0.5"])
+        cli.run("ds_feddro", DEFAULTS, ["updater=prox_test", "prox_test.nu=0.5"])
     assert "prox_test.nu: unknown config key" in capsys.readouterr().err

@@ -7,7 +7,7 @@ import signal
 
 import torch
 
-from lit_fedco.engine.round import Comm, LocalComm
+from lit_fedco.engine.comm import Comm, LocalComm
 from lit_fedco.experiment import session
 
 

@@ -7,9 +7,9 @@ import sys
 
 import pytest
 
-from lit_fedco.config.load import load_config, problem_name, problem_params, updater_hparams
+from lit_fedco.cli import run as main
+from lit_fedco.config.load import load_config, node_params, problem_name
 from lit_fedco.core.errors import ConfigError
-from lit_fedco.experiment.runner import main
 from lit_fedco.problems import ClientDROParams
 from lit_fedco.recipes.comfedl_dro import DEFAULTS
 
@@ -76,9 +76,9 @@ def test_every_shipped_preset_and_each_of_its_variants_validates(preset, recipe)
     for variant in [*cfg.variants, ""]:
         c = load_config([f"preset={preset}", *variant.split()], defaults)
         for name in c.updaters:
-            updater_hparams(c, name)
+            node_params(c, name)
         for name in {problem_name(c, u) for u in c.updaters} - {""}:
-            problem_params(c, name)
+            node_params(c, name)
 
 
 @pytest.mark.parametrize(
@@ -94,7 +94,7 @@ def test_every_shipped_preset_and_each_of_its_variants_validates(preset, recipe)
             ["client_dro.gamma=abc"],
             r"client_dro\.gamma: got 'abc' .*expected a value of type float",
         ),
-        (["updater=comfed"], r"updater: got 'comfed', expected one of .*Did you mean 'comfedl'"),
+        (["updater=comfed"], r"updater: got 'comfed', expected one of .*did you mean 'comfedl'"),
         (["rounds"], r"command line: got 'rounds', expected key=value"),
         (["preset=nope"], r"preset: got 'nope', no such file"),
     ],
@@ -107,7 +107,7 @@ def test_bad_keys_and_types_are_rejected(argv, pattern):
 def test_bad_updater_values_are_rejected():
     cfg = load_config(["comfedl.lr=0"], DEFAULTS)
     with pytest.raises(ConfigError, match=r"comfedl\.lr: got 0\.0, expected a float > 0"):
-        updater_hparams(cfg, "comfedl")
+        node_params(cfg, "comfedl")
 
 
 @pytest.mark.parametrize(
@@ -127,7 +127,7 @@ def test_bad_updater_values_are_rejected():
 def test_bad_problem_values_are_rejected(argv, pattern):
     cfg = load_config(argv, DEFAULTS)
     with pytest.raises(ConfigError, match=pattern):
-        problem_params(cfg, "client_dro")
+        node_params(cfg, "client_dro")
 
 
 def test_problem_parameters_validate_directly():

@@ -235,9 +235,10 @@ def test_fastdro_mlmc_is_unbiased_for_the_full_batch_gradient(kind, lam):
         acc = {k: torch.zeros_like(v) for k, v in x0.items()}
         for order in orders:
             batches = [{"x": data["x"][k, o], "y": data["y"][k, o]} for k, o in enumerate(order)]
-            probes = torch.stack([upd.probe({"x": x0}, {"grad": b}, {}) for b in batches])
-            ctx = upd.round_context(server, info, probes).broadcast
-            steps = [upd.client_step({"x": x0}, {"grad": b}, ctx, 0)[0]["x"] for b in batches]
+            probes = torch.stack([upd.block_probe({"x": x0}, {"grad": b}) for b in batches])
+            ctx = upd.round_context(server, info, lambda fn, p=probes: p).broadcast
+            steps = [upd.client_step({"x": x0}, {"grad": b}, ctx, info.step(0))[0]["x"]
+                     for b in batches]  # fmt: skip
             for k in acc:
                 acc[k] += sum(x0[k] - s[k] for s in steps) / (2 * upd.hparams.lr * len(orders))
         level_means.append(acc)
@@ -317,13 +318,13 @@ def test_pdsgd_round_zero_starts_on_the_constraint_and_the_dual_step_is_xu_s():
     server = upd.init_server(upd.params(), 2)
     losses = torch.tensor([[0.5, 1.0], [2.0, 4.0]], dtype=torch.float64)
     stats = torch.stack([obj.dual_stats(b) for b in losses])
-    ctx = upd.round_context(server, RoundInfo(0, 2, torch.arange(2), 1, 0), stats)
+    ctx = upd.round_context(server, RoundInfo(0, 2, torch.arange(2), 1, 0), lambda fn: stats)
     assert float(ctx.broadcast["mu"]) == pytest.approx(1.875)
     assert float(ctx.server["eta"]) == pytest.approx(float(chi2_value(losses.reshape(-1), 2.0)))
     assert float(ctx.broadcast["mult"]) == pytest.approx(0.8)
     scalars = {"mu": 1.0, "eta": 1.5, "z": 0.8, "started": 1.0}
     later = {**server, **{k: torch.tensor(v, dtype=F64) for k, v in scalars.items()}}
-    ctx = upd.round_context(later, RoundInfo(5, 2, torch.arange(2), 1, 0), stats)
+    ctx = upd.round_context(later, RoundInfo(5, 2, torch.arange(2), 1, 0), lambda fn: stats)
     gap = float(obj.dual_value(stats, torch.tensor(1.0, dtype=F64))) - 1.5
     z = max(0.0, 0.8 + 0.3 * max(gap, -0.8 / 0.5))
     assert float(ctx.server["z"]) == pytest.approx(z, rel=1e-14)

@@ -7,10 +7,8 @@ import pytest
 import torch
 
 from lit_fedco.core.errors import ConfigError
-from lit_fedco.core.state import tree_leaves
 from lit_fedco.engine.executors import (
     SEQUENTIAL_ON_CPU,
-    SequentialExecutor,
     choose_executor,
     make_executor,
 )
@@ -40,52 +38,9 @@ def test_chunked_vectorized_equals_unchunked():
     np.testing.assert_allclose(flat_server(a), flat_server(b), rtol=TOL, atol=TOL)
 
 
-class StepMajorSequential(SequentialExecutor):
-    """The sequential executor driven step by step (step t of every client, then t + 1)."""
-
-    client_major = False
-
-
-def _digits(name, hparams):
-    return lambda: make_loop(name, hparams, model="mlp")
-
-
-def _invariant(name, hparams):
-    from tests.test_fcsg import invariant_loop
-
-    return lambda: invariant_loop(name, hparams, "sequential")
-
-
-@pytest.mark.parametrize(
-    "build",
-    [
-        _digits("fedavg", {"lr": 0.1}),  # no state kept across rounds
-        _digits("ditto", {"lr": 0.05}),  # kept (Sync.KEEP) personal models
-        _invariant("acc_fcsg_m", {"lr": 0.1, "beta": 0.3, "init_batches": 2}),  # kept x_prev,
-        # conditional samples added to the batches
-    ],
-    ids=["fedavg", "ditto", "acc_fcsg_m"],
-)
-def test_client_major_sequential_equals_step_major(build):
-    """Running each client's I steps in turn gives exactly the numbers of running step t of
-    every client first: the clients are independent between syncs (float64, bitwise)."""
-    results = []
-    for ex in (SequentialExecutor(), StepMajorSequential()):
-        loop = build()
-        loop.executor = loop.evaluate_clients.executor = ex
-        loop.run()
-        results.append((flat_server(loop), loop.history, loop.store.rows))
-    np.testing.assert_array_equal(results[0][0], results[1][0])
-    assert results[0][1] == results[1][1]
-    kept = [tree_leaves(r[2]) for r in results]
-    assert len(kept[0]) == len(kept[1])
-    assert all(torch.equal(a, b) for a, b in zip(*kept, strict=True))
-
-
-def test_step_synced_entries_keep_the_step_major_order():
-    """FedDRO averages y after every step: the sequential executor must not run a client's
-    steps ahead of the others (its numbers equal the vectorized executor's)."""
-    assert SequentialExecutor.client_major
+def test_step_synced_entries_agree_between_executors():
+    """FedDRO averages y after every step: under both executors every client waits for the
+    others at each step, so their numbers agree."""
     assert_executors_agree("feddro", {"lr": 0.05})
 
 

@@ -22,6 +22,7 @@ import pytest
 import torch
 
 import lit_fedco.engine.loop
+from lit_fedco.cli import run as main
 from lit_fedco.config.load import load_config
 from lit_fedco.core.errors import ConfigError
 from lit_fedco.core.protocol import RoundInfo, Sync
@@ -30,7 +31,6 @@ from lit_fedco.core.state import flatten, index, numel, stack, tree_map
 from lit_fedco.engine.failures import Failures
 from lit_fedco.engine.loop import FederatedLoop
 from lit_fedco.experiment.assemble import loop_config
-from lit_fedco.experiment.runner import main
 from lit_fedco.recipes.comfedl_dro import DEFAULTS
 from tests.helpers import final_checkpoint, flat_server, make_loop, run_recipe, the_run
 from tests.test_registry import TINY
@@ -168,15 +168,17 @@ def by_hand(loop: FederatedLoop, done: tuple[int, ...]) -> tuple[dict, dict]:
     # the loop gathers into reused buffers: copy each step's batches
     batches = [tree_map(torch.clone, loop._batches(idx, t, roles, [])) for t in range(steps)]
     server = loop.server
-    client0 = upd.init_client(server, info)
+    start = {k: server[k] for k in upd.broadcast_keys if k in server}
+    start.update(upd.init_client(server, info))
     states = [
-        {**client0, **{key: index(rows, int(c)) for key, rows in loop.store.rows.items()}}
+        {**start, **{key: index(rows, int(c)) for key, rows in loop.store.rows.items()}}
         for c in cohort
     ]
-    probes = None
-    if upd.probes:
-        probes = torch.stack([upd.probe(s, index(batches[0], i), {}) for i, s in enumerate(states)])
-    ctx = upd.round_context(server, info, probes)
+
+    def probe(fn):  # every cohort client's value at the broadcast point, in cohort order
+        return torch.stack([fn(s, index(batches[0], i)) for i, s in enumerate(states)])
+
+    ctx = upd.round_context(server, info, probe)
     for key, rows in ctx.per_client.items():
         for i, s in enumerate(states):
             s[key] = rows[i]
@@ -185,14 +187,20 @@ def by_hand(loop: FederatedLoop, done: tuple[int, ...]) -> tuple[dict, dict]:
     for t in range(steps):
         running = [i for i in range(len(cohort)) if done[i] > t]
         for i in running:
-            states[i], _ = upd.client_step(states[i], index(batches[t], i), ctx.broadcast, t)
+            step = info.step(t)
+            states[i], _ = upd.client_step(states[i], index(batches[t], i), ctx.broadcast, step)
         if step_keys and running:
             last = {key: sum(states[i][key] for i in running) / len(running) for key in step_keys}
             for i in running:
                 states[i] = {**states[i], **last}
     finished = [i for i in range(len(cohort)) if done[i] > 0]
-    ups = stack([upd.upload(states[i]) for i in finished])
-    mean = tree_map(lambda v: v.sum(0) / len(finished), ups)
+    for i in finished:
+        states[i] = upd.client_end(states[i], start, ctx.broadcast, torch.tensor(float(done[i])))
+    rounds = [k for k, s in upd.client_state.items() if s is Sync.ROUND]
+    ups = stack([{k: states[i][k] for k in rounds if k in states[i]} for i in finished])
+    weights = ctx.weights[finished] if ctx.weights is not None else torch.ones(len(finished))
+    w = weights.view(-1).to(torch.float64)
+    mean = tree_map(lambda v: (w.view(-1, *[1] * (v.dim() - 1)) * v).sum(0) / w.sum(), ups)
     new = upd.server_update(server, {**last, **mean}, ctx, info)
     kept = {int(cohort[i]): states[i] for i in finished}
     return new, kept

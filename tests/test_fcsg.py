@@ -14,6 +14,7 @@ from lightning.fabric import Fabric
 from torch import nn
 
 from lit_fedco.core.models import build_model
+from lit_fedco.core.protocol import StepInfo
 from lit_fedco.data.build import make_invariant_logreg
 from lit_fedco.engine.executors import make_executor
 from lit_fedco.engine.loop import FederatedLoop, LoopConfig
@@ -71,7 +72,7 @@ def test_acc_fcsg_m_correction_on_a_quadratic_equals_the_hand_computation():
     upd = quad_updater(AccFCSGM, lr=lr, beta=beta)
     x, x_prev, v, s = vec(1)["w"], vec(2)["w"], vec(3)["w"], quad_batch(4)
     state = {"x": {"w": x}, "x_prev": {"w": x_prev}, "v": {"w": v}}
-    new, _ = upd.client_step(state, {"inner": s}, {}, step=3)
+    new, _ = upd.client_step(state, {"inner": s}, {}, StepInfo(3, 5, 0, 1))
     a, c = s["x"].numpy(), s["y"].numpy()
     g_new = a.T @ (a @ x.numpy() - c) / 5
     g_old = a.T @ (a @ x_prev.numpy() - c) / 5
@@ -96,12 +97,12 @@ def test_fcsg_m_momentum_and_first_direction_from_the_larger_batch():
     batches = {role: quad_batch(10 + i) for i, role in enumerate(upd.batch_roles)}
     x = vec(5)
     # first step (no v yet): u₁ = (1/B) Σ over the B = 3·b samples (Algorithm 1 line 2)
-    first, _ = upd.client_step({"x": x}, batches, {}, 0)
+    first, _ = upd.client_step({"x": x}, batches, {}, StepInfo(0, 2, 0, 1))
     u1 = sum(quad_grad(x["w"], b) for b in batches.values()) / 3
     torch.testing.assert_close(first["v"]["w"], u1, rtol=1e-13, atol=0)
     torch.testing.assert_close(first["x"]["w"], x["w"] - lr * u1, rtol=1e-13, atol=0)
     # later steps: v ← (1−β) v + β ∇F̂(x; S) on the step's batch only
-    second, _ = upd.client_step(first, batches, {}, 1)
+    second, _ = upd.client_step(first, batches, {}, StepInfo(1, 2, 0, 1))
     v2 = (1 - beta) * u1 + beta * quad_grad(first["x"]["w"], batches["inner"])
     torch.testing.assert_close(second["v"]["w"], v2, rtol=1e-13, atol=0)
 
@@ -110,7 +111,9 @@ def test_local_scgd_with_beta_one_on_one_batch_is_the_compositional_gradient():
     """β = 1 and B = B': ŷ = ḡ(x) and u = ∇ḡᵀ ∇f̄(ḡ(x)) — the gradient of ½ mean_i (ḡ − c_i)²."""
     upd = quad_updater(get_updater("local_scgd"), lr=0.1, beta=1.0)
     s, x = quad_batch(7), vec(8)
-    new, _ = upd.client_step({"x": x, "y": torch.tensor(5.0)}, {"inner": s, "outer": s}, {}, 1)
+    new, _ = upd.client_step(
+        {"x": x, "y": torch.tensor(5.0)}, {"inner": s, "outer": s}, {}, StepInfo(1, 2, 0, 1)
+    )
     a_bar = s["x"].mean(0)
     y = a_bar @ x["w"]
     torch.testing.assert_close(new["y"], y, rtol=1e-13, atol=0)

@@ -11,7 +11,7 @@ import torch
 from torch import Tensor
 
 from lit_fedco.core.errors import ConfigError
-from lit_fedco.core.protocol import RoundContext, RoundInfo
+from lit_fedco.core.protocol import RoundContext, RoundInfo, StepInfo
 from lit_fedco.examples.theorem41 import (
     LR,
     Scalar,
@@ -74,7 +74,7 @@ def test_feddro_estimator_matches_a_hand_computation_on_two_clients():
     ctx = {"y": torch.tensor(y0, dtype=torch.float64)}
     states = [{"x": {"w": torch.tensor([w0], dtype=torch.float64)}} for _ in range(2)]
     out = [
-        upd.client_step(s, {"grad": one(*g), "value": one(*v)}, ctx, 0)[0]
+        upd.client_step(s, {"grad": one(*g), "value": one(*v)}, ctx, StepInfo(0, 2, 0, 2))[0]
         for s, g, v in zip(states, grad_b, value_b, strict=True)
     ]
     hand = [hand_step(w0, y0, g, v) for g, v in zip(grad_b, value_b, strict=True)]
@@ -90,7 +90,7 @@ def test_feddro_estimator_matches_a_hand_computation_on_two_clients():
     grad_b2, value_b2 = [(2.0, 0.5), (1.0, 2.0)], [(1.5, 0.0), (0.5, 1.0)]
     states = [{"x": o["x"], "y": torch.tensor(ybar, dtype=torch.float64)} for o in out]
     out2 = [
-        upd.client_step(s, {"grad": one(*g), "value": one(*v)}, ctx, 1)[0]
+        upd.client_step(s, {"grad": one(*g), "value": one(*v)}, ctx, StepInfo(1, 2, 0, 2))[0]
         for s, g, v in zip(states, grad_b2, value_b2, strict=True)
     ]
     for o, prev, g, v in zip(out2, hand, grad_b2, value_b2, strict=True):

@@ -228,7 +228,7 @@ def test_omniglot_task_data_splits_characters(tmp_path):
 @pytest.mark.slow
 def test_recipe_runs_every_method_above_chance(tmp_path):
     """Every updater, FedAvg included, is evaluated after the same adaptation steps."""
-    from lit_fedco.experiment.runner import main
+    from lit_fedco.cli import run as main
     from lit_fedco.recipes.fcsg_maml import COLUMNS, DEFAULTS
 
     argv = [

@@ -17,12 +17,12 @@ from torch.func import grad
 
 from lit_fedco.core.errors import ConfigError
 from lit_fedco.core.models import build_model
-from lit_fedco.core.protocol import RoundInfo
+from lit_fedco.core.protocol import RoundInfo, StepInfo
 from lit_fedco.core.state import index, stack
 from lit_fedco.engine.executors import make_executor
 from lit_fedco.engine.loop import FederatedLoop, LoopConfig, sample_cohort
-from lit_fedco.engine.round import make_store
 from lit_fedco.engine.simulate import run_rounds
+from lit_fedco.engine.store import make_store
 from lit_fedco.objectives.base import Objective, model_params
 from lit_fedco.objectives.dro import kl_dro_primal, kl_dro_value
 from lit_fedco.objectives.maml import maml_loss
@@ -106,7 +106,7 @@ def test_comfedl_maml_direction_is_the_maml_meta_gradient(net):
     fd = flat_fd(f, params)
     fed_cls = get_updater("fedmaml")
     fedmaml = fed_cls(fed_cls.hparams_cls(lr=1.0, hessian="support"), model, obj)
-    stepped = fedmaml.client_step({"x": params}, batches, {}, 0)[0]["x"]
+    stepped = fedmaml.client_step({"x": params}, batches, {}, StepInfo(0, 1, 0, 1))[0]["x"]
     for key in params:
         torch.testing.assert_close(u[key], exact[key], rtol=1e-10, atol=1e-12)
         torch.testing.assert_close(exact[key], fd[key], rtol=1e-6, atol=1e-8)
@@ -183,9 +183,9 @@ def test_damaml_stable_and_literal_directions_differ_by_one_positive_factor_per_
     literal = cls(
         cls.hparams_cls(lr=0.1), model, DAMAML(model, inner_lr=0.05, gamma=0.2, form="literal")
     )
-    probes = torch.stack([stable.probe({"x": params}, b, {}) for b in batches]).detach()
+    probes = torch.stack([stable.objective.probe(params, b, {}) for b in batches]).detach()
     info = RoundInfo(0, 3, torch.arange(3), 1, 0)
-    round_ctx = stable.round_context({}, info, probes)
+    round_ctx = stable.round_context({}, info, lambda fn: probes)
     ctx = round_ctx.broadcast
     factor = 0.2 * torch.exp(-ctx["shift"] / 0.2) / ctx["norm"]
     for b in batches:
@@ -198,8 +198,8 @@ def test_damaml_stable_and_literal_directions_differ_by_one_positive_factor_per_
     # the logged step weight is the multiplier f′(L) of the MAML direction, in both forms
     meta = MetaLearning(model, inner_lr=0.05)
     for b in batches:
-        _, logs_s = stable.client_step({"x": params}, b, ctx, 0)
-        _, logs_l = literal.client_step({"x": params}, b, {}, 0)
+        _, logs_s = stable.client_step({"x": params}, b, ctx, StepInfo(0, 1, 0, 3))
+        _, logs_l = literal.client_step({"x": params}, b, {}, StepInfo(0, 1, 0, 3))
         us, _ = stable.direction(params, b, ctx)
         gm = grad(lambda p, b=b: meta.meta_loss(p, b))(params)
         for key in params:
@@ -284,9 +284,13 @@ def test_drfl_weights_follow_the_cohorts_losses():
     probes = {}
     orig = upd.round_context
 
-    def record(server, info, p):
-        probes["p"], probes["cohort"] = p.clone(), info.cohort.clone()
-        return orig(server, info, p)
+    def record(server, info, probe):
+        def recording(fn):
+            rows = probe(fn)
+            probes["p"], probes["cohort"] = rows.clone(), info.cohort.clone()
+            return rows
+
+        return orig(server, info, recording)
 
     upd.round_context = record  # type: ignore[method-assign]
     loop.run()
@@ -464,9 +468,9 @@ def test_cifar10_preset_runs_on_a_cifar_format_folder(tmp_path, capsys):
     """``preset=comfedl_maml_cifar10``: torchvision's CIFAR10 reads the folder, the dominant-class
     split gives client i a share ρ of class i, MAML's conv4 trains and is evaluated after
     adaptation (shrunk: one round, 8 filters)."""
+    from lit_fedco.cli import run as main
     from lit_fedco.config.load import load_config
     from lit_fedco.experiment.assemble import build_data
-    from lit_fedco.experiment.runner import main
     from tests.test_cifar_st import write_cifar
 
     write_cifar(tmp_path / "data", "cifar10", per_class_train=30, per_class_test=10, c=10)

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from lit_fedco.experiment.runner import main
+from lit_fedco.cli import run as main
 from lit_fedco.recipes.comfedl_dro import DEFAULTS
 from lit_fedco.report.plot import draw, load_run
 from lit_fedco.report.plot import main as plot_main

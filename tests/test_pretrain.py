@@ -12,8 +12,8 @@ import signal
 import pytest
 import torch
 
+from lit_fedco.cli import run as main
 from lit_fedco.experiment import pretrain, session
-from lit_fedco.experiment.runner import main
 from lit_fedco.recipes.fcsg_auprc import COLUMNS, DEFAULTS
 from tests.helpers import LastLoops, the_run
 
@@ -39,7 +39,13 @@ def equal(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> bool:
 
 
 def run(out, *argv: str, callbacks=None):  # type: ignore[no-untyped-def]
-    return main("fcsg_auprc", DEFAULTS, [*TINY, f"out_dir={out}", *argv], COLUMNS, callbacks)
+    return main(
+        "fcsg_auprc",
+        DEFAULTS,
+        [*TINY, f"out_dir={out}", *argv],
+        columns=COLUMNS,
+        callbacks=callbacks,
+    )
 
 
 def test_pretraining_is_shared_by_every_method_and_init_from_reads_it_back(tmp_path):

@@ -78,10 +78,14 @@ def conditional(name: str, hparams: dict, executor: str = "vectorized", **kw) ->
 
 TINY: dict[str, tuple[Callable[..., FederatedLoop], dict]] = {
     "fedavg": (plain, {"lr": 0.1}),
+    "fedavgm": (plain, {"lr": 0.1, "server_lr": 0.5, "server_momentum": 0.9}),
+    "fedadam": (plain, {"lr": 0.1, "server_lr": 0.05}),
+    "fedyogi": (plain, {"lr": 0.1, "server_lr": 0.05}),
     "comfedl": (plain, {"lr": 0.05}),
     "qfedavg": (plain, {"lr": 0.05, "q": 0.5}),
     "drfl": (plain, {"lr": 0.05, "lam_lr": 0.1}),
     "ditto": (plain, {"lr": 0.1, "personal_lr": 0.1, "lam": 0.5}),
+    "scaffold": (plain, {"lr": 0.1}),
     "feddro": (plain, {"lr": 0.05, "beta": 0.3}),
     "ds_feddro": (plain, {"lr": 0.05, "beta": 0.3, "gamma_x": 1.3, "gamma_y": 1.4}),
     "fedavg_co": (plain, {"lr": 0.05, "case": "II"}),
@@ -143,33 +147,43 @@ def _floats(tree: Any, distinct: bool = False) -> int:
 class RoundRecorder:
     """Records, for every round a loop runs, the server state it starts from, its
     :class:`RoundInfo`, its :class:`RoundContext` and (sequential executor: one client at a
-    time, real tensors) the probe value and the state of the last client after its last local
-    step. Installed by wrapping the updater's methods and ``lit_fedco.engine.loop.federated_round``;
-    nothing of the round itself is re-implemented."""
+    time, real tensors) the probes gathered, the state of the last client after its last local
+    step and after the end-of-round hook. Installed by wrapping the updater's methods and
+    ``lit_fedco.engine.loop.federated_round``; nothing of the round itself is re-implemented."""
 
     def __init__(self, loop: FederatedLoop, monkeypatch: pytest.MonkeyPatch) -> None:
         self.rounds: list[dict[str, Any]] = []
         upd = loop.updater
-        step, probe, real_round = upd.client_step, upd.probe, lit_fedco.engine.loop.federated_round
+        step, context, end = upd.client_step, upd.round_context, upd.client_end
+        real_round = lit_fedco.engine.loop.federated_round
 
         def client_step(state, batches, ctx, t):  # type: ignore[no-untyped-def]
             new, logs = step(state, batches, ctx, t)
-            self.rounds[-1]["state"] = new
+            self.rounds[-1]["state"] = self.rounds[-1]["end"] = new
             return new, logs
 
-        def probe_(state, batches, ctx):  # type: ignore[no-untyped-def]
-            out = probe(state, batches, ctx)
-            self.rounds[-1]["probe"] = out
+        def client_end(state, start, ctx, steps):  # type: ignore[no-untyped-def]
+            out = end(state, start, ctx, steps)
+            self.rounds[-1]["end"] = out
             return out
 
+        def round_context(server, info, probe):  # type: ignore[no-untyped-def]
+            def recording(fn):  # type: ignore[no-untyped-def]
+                rows = probe(fn)
+                self.rounds[-1]["probes"].append(rows)
+                return rows
+
+            return context(server, info, recording)
+
         def federated_round(updater, server, info, *args):  # type: ignore[no-untyped-def]
-            self.rounds.append({"server": server, "info": info})
+            self.rounds.append({"server": server, "info": info, "probes": []})
             res = real_round(updater, server, info, *args)
             self.rounds[-1]["context"] = res.context
             return res
 
         monkeypatch.setattr(upd, "client_step", client_step)
-        monkeypatch.setattr(upd, "probe", probe_)
+        monkeypatch.setattr(upd, "client_end", client_end)
+        monkeypatch.setattr(upd, "round_context", round_context)
         monkeypatch.setattr(lit_fedco.engine.loop, "federated_round", federated_round)
 
 
@@ -177,21 +191,24 @@ def declared_traffic(upd: CompositionalUpdater, rec: dict[str, Any]) -> tuple[in
     """Floats one client sends and receives in a round, from the updater's declarations and its
     state (the protocol of ``README.md``, "How a round runs")::
 
-        down = distinct floats of init_client(server, info) except the KEEP entries
+        down = distinct floats of the broadcast (the server's broadcast_keys entries and
+               init_client's) except the KEEP entries
              + floats of ctx.broadcast + one row of each ctx.per_client entry
              + I × floats of the STEP entries (each step's cohort mean)
-        up   = floats of the probe (if the updater probes) + I × floats of the STEP entries
-             + floats of upload(state after the round)
+        up   = one row of every probe gathered + I × floats of the STEP entries
+             + floats of the ROUND entries after client_end (the upload)
     """
-    sync, info, ctx, state = upd.client_state, rec["info"], rec["context"], rec["state"]
+    sync, info, ctx, server = upd.client_state, rec["info"], rec["context"], rec["server"]
     steps = info.local_steps
-    step_floats = _floats([state[k] for k, s in sync.items() if s is Sync.STEP])
-    start = upd.init_client(rec["server"], info)
+    step_floats = _floats([rec["state"][k] for k, s in sync.items() if s is Sync.STEP])
+    start = {k: server[k] for k in upd.broadcast_keys if k in server}
+    start.update(upd.init_client(server, info))
     down = _floats([v for k, v in start.items() if sync.get(k) is not Sync.KEEP], distinct=True)
     down += _floats(ctx.broadcast) + sum(v[0].numel() for v in ctx.per_client.values())
     down += steps * step_floats
-    up = _floats(rec["probe"]) if upd.probes else 0
-    up += steps * step_floats + _floats(upd.upload(state))
+    up = sum(rows[0].numel() for rows in rec["probes"])
+    upload = [v for k, v in rec["end"].items() if sync.get(k) is Sync.ROUND]
+    up += steps * step_floats + _floats(upload)
     return up, down
 
 
@@ -243,13 +260,13 @@ def test_vectorized_equals_sequential(name):
         assert v == pytest.approx(slogs[key], rel=1e-9, abs=1e-12), key
 
 
-# What the table must exercise: each way a declaration changes the traffic.
+# What the table must exercise: each way a declaration or a hook changes the traffic.
 TRAFFIC_FEATURES = {
-    "probe": ("comfedl", "feddro", "drfl", "mbsgd"),
+    "probe": ("comfedl", "feddro", "drfl", "mbsgd", "fastdro", "pdsgd"),
     "STEP entries": ("feddro",),
-    "per_client rows": ("drfl", "tr_maml"),
-    "KEEP entries": ("ditto", "acc_fcsg_m"),
-    "custom upload": ("qfedavg", "drfl", "fedavg_co"),
+    "server-side weights": ("drfl", "tr_maml"),
+    "KEEP entries": ("ditto", "acc_fcsg_m", "scaffold"),
+    "end-of-round hook": ("qfedavg", "fedavg_co", "fedavg_co_i", "scaffold"),
 }
 
 
@@ -270,11 +287,11 @@ def test_counted_traffic_is_the_declared_payload(name):
     # the features this entry is listed under are really there
     ctx, state = rec.rounds[-1]["context"], rec.rounds[-1]["state"]
     has = {
-        "probe": upd.probes,
+        "probe": bool(rec.rounds[-1]["probes"]),
         "STEP entries": Sync.STEP in upd.client_state.values(),
-        "per_client rows": bool(ctx.per_client),
+        "server-side weights": ctx.weights is not None,
         "KEEP entries": bool(loop.store.rows),
-        "custom upload": type(upd).upload is not CompositionalUpdater.upload,
+        "end-of-round hook": type(upd).client_end is not CompositionalUpdater.client_end,
     }
     for feature, names in TRAFFIC_FEATURES.items():
         if name in names:

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from lit_fedco.experiment.runner import main
+from lit_fedco.cli import run as main
 from lit_fedco.recipes.fcsg_invariant import COLUMNS, DEFAULTS
 
 pytestmark = pytest.mark.slow  # about 15 s
@@ -22,7 +22,8 @@ def test_100000_clients_train_and_are_each_evaluated_in_one_process(tmp_path):
         "eval_every=2", "local_steps=5", "tracking=[none]", "progress=false",
         f"out_dir={tmp_path}", "run_name=big",
     ]  # fmt: skip
-    ((name, (final,)),) = main("fcsg_invariant", DEFAULTS, argv, COLUMNS, evaluated_on="test")
+    rows = main("fcsg_invariant", DEFAULTS, argv, columns=COLUMNS, evaluated_on="test")
+    ((name, (final,)),) = rows
     assert name == "acc_fcsg_m" and 0.0 < final["val/acc_pooled"] <= 1.0
     status = json.loads((tmp_path / "fcsg_invariant/big/acc_fcsg_m-seed0/status.json").read_text())
     assert status["state"] == "complete" and status["round"] == 2

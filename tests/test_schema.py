@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from lit_fedco.config.load import DataConfig, RunConfig
+from lit_fedco.config.fields import DataConfig, RunConfig
 from lit_fedco.config.schema import SCHEMA_FILE, WRITE_COMMAND, attributes, build, dumps, field_docs
 from lit_fedco.updaters import DSFedDROHparams, FedAvgCOHparams
 

@@ -10,7 +10,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from lit_fedco.config.load import DataConfig
+from lit_fedco.config.fields import DataConfig
 from lit_fedco.core.errors import ConfigError
 from lit_fedco.data import data_spec, make_federated
 from lit_fedco.data.specs import (

@@ -15,17 +15,10 @@ import re
 import shutil
 import sys
 import textwrap
-from collections.abc import Callable
 from typing import Any
 
 from lit_fedco.config import catalog
-from lit_fedco.core.errors import ConfigError
-
-HELP_FLAGS = ("-h", "--help", "help", "--help-all")
-"""Arguments that ask for help (``--help-all``: every key)."""
-
-Loader = Callable[[list[str], dict[str, Any]], Any]
-"""``(argv, defaults) -> config``, raising :class:`ConfigError` (``load_config``'s shape)."""
+from lit_fedco.config.parser import presets
 
 
 def width() -> int:
@@ -33,20 +26,39 @@ def width() -> int:
     return max(72, min(100, shutil.get_terminal_size((100, 24)).columns))
 
 
+def _recipe_spec(recipe: str) -> Any:
+    """The module spec of ``lit_fedco.recipes.<recipe>``, or None (a script's own recipe)."""
+    try:
+        return importlib.util.find_spec(f"lit_fedco.recipes.{recipe}")
+    except (ImportError, ValueError):
+        return None
+
+
 def recipe_doc(recipe: str) -> str:
     """The first paragraph of recipe ``recipe``'s module docstring, read from its source
     (nothing is imported); else of the ``__main__`` module's (a script's own recipe)."""
     doc: str | None = None
-    try:
-        spec = importlib.util.find_spec(f"lit_fedco.recipes.{recipe}")
-    except (ImportError, ValueError):
-        spec = None
+    spec = _recipe_spec(recipe)
     if spec is not None and spec.origin and spec.origin.endswith(".py"):
         with open(spec.origin, encoding="utf-8") as f:
             doc = ast.get_docstring(ast.parse(f.read()))
     if doc is None:
         doc = getattr(sys.modules.get("__main__"), "__doc__", None)
     return " ".join((doc or "").strip().split("\n\n", 1)[0].split())
+
+
+def prog_of(recipe: str) -> str:
+    """How the recipe is started: ``python -m lit_fedco.recipes.<recipe>``, or for a script's
+    own recipe the command that started this process (``python my_fedprox.py``,
+    ``python -m my_lab.run``)."""
+    if _recipe_spec(recipe) is not None:
+        return f"python -m lit_fedco.recipes.{recipe}"
+    main = sys.modules.get("__main__")
+    spec = getattr(main, "__spec__", None)
+    if spec is not None and spec.name not in ("__main__", None):
+        return f"python -m {spec.name}"
+    script = sys.argv[0] if sys.argv and sys.argv[0] else "SCRIPT"
+    return f"python {script}"
 
 
 def show(value: Any) -> str:
@@ -183,7 +195,7 @@ def render(
     run: dict[str, Any] = cat["run"]
     sections = {k: nodes[k] for k in cat["fields"] if k in nodes}  # data, model, failures
     w = Writer(cols or width())
-    prog = f"python -m lit_fedco.recipes.{recipe}"
+    prog = prog_of(recipe)
     w.lines.append(f"usage: {prog} [preset=NAME] [key=value ...]")
     w.lines.append(f"       {prog} --help | --help-all")
     doc = recipe_doc(recipe)
@@ -215,8 +227,9 @@ def render(
         w.heading(f"{name}{note}: {node['help']}")
         w.rows(_key_rows(node, values.get(name, {}), f"{name}.", not everything))
 
-    found = catalog.presets(recipe)
-    w.heading("Presets (preset=NAME; YAML files in recipes/):" if found else "Presets: none.")
+    found = presets(recipe)
+    w.heading("Presets (preset=NAME; YAML files shipped with lit_fedco, from recipes/):"
+              if found else "Presets: none.")  # fmt: skip
     w.rows(found, col=min(40, 4 + max((len(name) for name, _ in found), default=0)))
     if not everything:
         listed = {row.split("=", 1)[0] for row, _ in _set_rows(run, {}, values, set(defaults))}
@@ -226,22 +239,3 @@ def render(
         w.para(f"Nodes: {', '.join(f'{s}.*' for s in sections)}; other updaters and problems: "
                f"{', '.join(others)}.", indent="  ")  # fmt: skip
     return "\n".join(w.lines).rstrip() + "\n"
-
-
-def print_help(recipe: str, defaults: dict[str, Any], argv: list[str], load: Loader) -> list[Any]:
-    """Print ``recipe``'s help for a command line holding one of :data:`HELP_FLAGS`; its other
-    items (a preset, overrides) set the values shown. A bad item ends the process with exit
-    code 2 and one line, as a run would."""
-    from omegaconf import OmegaConf
-
-    rest = [a for a in argv if a not in HELP_FLAGS]
-    try:
-        cfg = load(rest, defaults)
-    except ConfigError as err:
-        print(f"lit_fedco: {err}", file=sys.stderr)
-        raise SystemExit(2) from None
-    values = OmegaConf.to_container(cfg, resolve=False)
-    assert isinstance(values, dict)
-    text = render(recipe, defaults, {str(k): v for k, v in values.items()}, "--help-all" in argv)
-    print(text, end="")
-    return []

@@ -162,7 +162,13 @@ def updater_entry(name: str, strict: bool = True) -> dict[str, Any]:
     from lit_fedco.updaters import get_updater
 
     cls = get_updater(name)
-    return node_entry(cls.hparams_cls, "updater", first_sentence(cls.__doc__), strict,
+    line = first_sentence(cls.__doc__)
+    if strict and not line:
+        raise ValueError(
+            f"{cls.__module__}.{cls.__qualname__} (updater {name!r}) has no docstring: its first "
+            f"sentence is the updater's line in --help; write one, then run {WRITE_COMMAND}"
+        )
+    return node_entry(cls.hparams_cls, "updater", line, strict,
                       default_problem=cls.default_problem)  # fmt: skip
 
 
@@ -179,7 +185,7 @@ def build() -> dict[str, Any]:
     :func:`lit_fedco.config.load.schema` (data, model, failures, the updaters, the problems)."""
     from omegaconf import DictConfig
 
-    from lit_fedco.config.load import RunConfig, schema
+    from lit_fedco.config.fields import RunConfig, schema
     from lit_fedco.problems import available_problems
     from lit_fedco.updaters import available_updaters
 

@@ -1,9 +1,9 @@
 """Pytree helpers for client and server state.
 
-State is a nested ``dict`` of tensors (a pytree): model parameters live under ``"x"`` as
-``{name: tensor}``; an updater adds its own entries (``"v"`` for momentum, ``"y"`` for an inner
-estimate, ...). One client's state has unbatched leaves; the executors stack the states of many
-clients along a new leading dimension.
+State is a nested ``dict`` of tensors (a pytree): the model's parameters live under the
+updater's ``model_key`` (``"x"`` by default) as ``{name: tensor}``; an updater adds its own
+entries (``"v"`` for momentum, ``"y"`` for an inner estimate, ...). One client's state has unbatched
+leaves; the executors stack the states of many clients along a new leading dimension.
 """
 
 from __future__ import annotations
@@ -47,6 +47,11 @@ def tree_sub(a: Any, b: Any) -> Any:
 def tree_scale(alpha: float | Tensor, a: Any) -> Any:
     """``alpha * a`` leaf-wise."""
     return tree_map(lambda u: alpha * u, a)
+
+
+def tree_zeros(tree: Any) -> Any:
+    """Zeros shaped like every leaf of ``tree`` (a control variate's start)."""
+    return tree_map(torch.zeros_like, tree)
 
 
 def tree_dot(a: Any, b: Any) -> Tensor:

@@ -16,12 +16,11 @@ import torch
 from torch import Tensor
 
 from lit_fedco.core.metrics import PerClientClassification
-from lit_fedco.core.protocol import Sync
 from lit_fedco.core.seeding import support_generator
 from lit_fedco.core.state import State, broadcast, tree_map
 from lit_fedco.data import FederatedData
 from lit_fedco.engine.executors import Executor
-from lit_fedco.engine.round import ClientStore
+from lit_fedco.engine.store import ClientStore
 from lit_fedco.objectives.base import class_labels
 from lit_fedco.problems import Problem
 from lit_fedco.updaters.base import CompositionalUpdater
@@ -62,7 +61,7 @@ class Evaluator:
         self.rows = {split: self._rows_of(split) for split in ("train", "val")}
         # each client scored with its own parameters: its kept personal model (Ditto), or the
         # shared model adapted on a fixed support batch of its own rows (personalised FL)
-        self.kept_personal = updater.client_state.get("personal") is Sync.KEEP
+        self.kept_personal = bool(updater.personal_key)
         self.support = (
             self._support_rows(problem.eval_support or support_size)
             if self.kept_personal or problem.eval_adapt_steps > 0
@@ -108,11 +107,12 @@ class Evaluator:
 
     def personal_params(self, server: State, store: ClientStore) -> State:
         """Every evaluated client's own parameters, stacked ``[n, ...]`` in the order of
-        :attr:`clients`: its kept ``"personal"`` model, or the shared model after the problem's
-        adaptation on the client's support batch (run by the executor)."""
+        :attr:`clients`: its kept personal model (the updater's ``personal_key``), or the shared
+        model after the problem's adaptation on the client's support batch (run by the
+        executor)."""
         n = len(self.clients)
         if self.kept_personal:
-            return store.read(self.clients)["personal"]
+            return store.read(self.clients)[self.updater.personal_key]
         assert self.support is not None
         x = broadcast(self.updater.eval_params(server), n)
         support = {"x": self.data.x_train[self.support], "y": self.data.y_train[self.support]}

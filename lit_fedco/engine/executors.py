@@ -10,9 +10,6 @@ Both executors call the *same* per-client function (an updater's ``client_step``
   (data-dependent control flow, in-place buffers, an updater's ``unvmappable_models``) and, on
   the CPU, ResNet-20, where a loop is a little faster and needs a fifth of the memory
   (:func:`choose_executor`).
-  When no state entry is synced between local steps, it runs each client's I steps one after
-  the other (:meth:`SequentialExecutor.run_clients`, the order of a plain per-client loop), so
-  the cohort's states are stacked once per round instead of after every step.
 """
 
 from __future__ import annotations
@@ -31,8 +28,6 @@ if TYPE_CHECKING:
 
 ClientFn = Callable[[Any, Any, Any], Any]
 """``fn(state, batches, ctx) -> output`` for one client; outputs are pytrees of tensors."""
-StepFn = Callable[[int, Any, Any, Any], tuple[Any, Any]]
-"""``step(t, state, batches, ctx) -> (state, logs)``: local step t of one client."""
 
 
 class Executor:
@@ -47,31 +42,8 @@ class Executor:
             )
         self.chunk_size = chunk_size
 
-    client_major = False
-    """Whether :meth:`run_clients` runs every local step of one client before the next client
-    (else the round runs step t of every client, then step t + 1)."""
-
     def map(self, fn: ClientFn, states: Any, batches: Any, ctx: Any, n: int) -> Any:
         """Apply ``fn`` to each of the ``n`` clients; outputs stacked along dim 0."""
-        raise NotImplementedError
-
-    def run_clients(
-        self, step: StepFn, states: Any, batches: list[Any], ctx: Any, n: int
-    ) -> tuple[Any, list[Any]]:
-        """Every local step of every client, client by client (only where no entry is synced
-        between steps, so clients do not wait on each other).
-
-        Args:
-            step: ``step(t, state, batches, ctx) -> (state, logs)`` for one client.
-            states: the clients' states at step 0, stacked ``[n, ...]``.
-            batches: step t's minibatches of the ``n`` clients (``[n, ...]``), for every t.
-            ctx: what the round context broadcasts.
-            n: clients.
-
-        Returns:
-            The final states, stacked; each step's logs, stacked ``[n]`` (as :meth:`map` gives
-            them).
-        """
         raise NotImplementedError
 
 
@@ -100,7 +72,6 @@ class SequentialExecutor(Executor):
     """A loop over clients, calling the same per-client function."""
 
     name = "sequential"
-    client_major = True
 
     def map(self, fn: ClientFn, states: Any, batches: Any, ctx: Any, n: int) -> Any:
         outs = [
@@ -108,20 +79,6 @@ class SequentialExecutor(Executor):
             for i in range(n)
         ]
         return stack(outs)
-
-    def run_clients(
-        self, step: StepFn, states: Any, batches: list[Any], ctx: Any, n: int
-    ) -> tuple[Any, list[Any]]:
-        finals, logs = [], []
-        for i in range(n):
-            state, mine = index(states, i), []
-            for t, b in enumerate(batches):
-                state, out = step(t, state, index(b, i), ctx)
-                mine.append(out)
-            finals.append(state)
-            logs.append(mine)
-        per_step = [stack([logs[i][t] for i in range(n)]) for t in range(len(batches))]
-        return stack(finals), per_step
 
 
 EXECUTORS: dict[str, type[Executor]] = {

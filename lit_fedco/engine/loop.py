@@ -26,12 +26,15 @@ from torch import Tensor
 from lit_fedco.core.errors import ConfigError
 from lit_fedco.core.protocol import RoundInfo
 from lit_fedco.core.seeding import client_generator, client_generators, sample_cohort
+from lit_fedco.core.server_opt import ServerOptimizer
 from lit_fedco.core.state import State, tree_map
 from lit_fedco.data import FederatedData
+from lit_fedco.engine.comm import FabricComm
 from lit_fedco.engine.evaluation import Evaluator
 from lit_fedco.engine.executors import Executor
-from lit_fedco.engine.round import FabricComm, federated_round, make_store
+from lit_fedco.engine.round import federated_round
 from lit_fedco.engine.schedule import LoopConfig
+from lit_fedco.engine.store import make_store
 from lit_fedco.problems import Classification, Problem, ProblemParams
 from lit_fedco.updaters.base import CompositionalUpdater
 
@@ -76,6 +79,10 @@ class FederatedLoop:
         params = updater.init_server(updater.params(), k)
         self.server: State = tree_map(lambda t: t.to(fabric.device, dtype), params)
         self.store = make_store(updater, self.server, k)  # state clients keep across rounds
+        # the server optimizer: the updater's own (FedAdam), else the run's (server_opt.name)
+        opt = updater.server_opt_config() or cfg.server_opt
+        self.server_opt = ServerOptimizer(opt) if opt is not None and opt.name else None
+        self.sizes = (self.data.train_offsets[1:] - self.data.train_offsets[:-1]).cpu()
         self.round = 0
         self.comm_total = 0.0
         self.evaluate_clients = Evaluator(
@@ -90,7 +97,7 @@ class FederatedLoop:
         k = self.data.num_clients
         cohort = sample_cohort(cfg.seed, self.round, k, cfg.cohort)
         mine = cohort[self.rank :: self.world].contiguous()  # searchsorted warns on a strided view
-        info = RoundInfo(self.round, k, cohort, self.local_steps, cfg.seed)
+        info = RoundInfo(self.round, k, cohort, self.local_steps, cfg.seed, self.sizes[cohort])
         roles = upd.batch_roles
         idx = self.sampler.sample_round(mine, self.round, self.local_steps, roles, cfg.batch_size)
         gens = (
@@ -101,7 +108,7 @@ class FederatedLoop:
         self.fabric.call("on_round_start", loop=self, cohort=cohort)
         res = federated_round(
             upd, self.server, info, mine, lambda t: self._batches(idx, t, roles, gens),
-            self.comm, self.executor, self.store, cfg.failures,
+            self.comm, self.executor, self.store, cfg.failures, self.server_opt,
         )  # fmt: skip
         self.server = res.server
         self.comm_total += res.traffic.up + res.traffic.down
@@ -159,19 +166,22 @@ class FederatedLoop:
     # ------------------------------------------------------------------ state
     def state_dict(self) -> dict[str, Any]:
         """Everything needed to resume: round counter, server state, the state clients keep
-        across rounds, communication count.
+        across rounds, communication count, the server optimizer's moments (if any).
 
         Other client state is rebuilt from the server state at every round, and minibatches,
         cohorts and conditional samples are functions of (seed, client, round), so there is no
         other RNG state.
         """
-        return {
+        out = {
             "round": self.round,
             "server": self.server,
             "clients": self.store.rows,
             "comm_total": self.comm_total,
             "seed": self.cfg.seed,
         }
+        if self.server_opt is not None:
+            out["server_opt"] = self.server_opt.state_dict()
+        return out
 
     def load_state_dict(self, sd: dict[str, Any]) -> None:
         """Restore a :meth:`state_dict`; the seed must match."""
@@ -183,6 +193,10 @@ class FederatedLoop:
         self.comm_total = float(sd["comm_total"])
         self.server = tree_map(lambda t: t.to(self.fabric.device, self.dtype), sd["server"])
         self.store.rows = tree_map(lambda t: t.to(self.fabric.device, self.dtype), sd["clients"])
+        if self.server_opt is not None:
+            self.server_opt.load_state_dict(
+                tree_map(lambda t: t.to(self.fabric.device), sd.get("server_opt", {}))
+            )
 
     def save(self, path: str | Path) -> None:
         """Save :meth:`state_dict` with ``fabric.save`` (rank 0 writes)."""

@@ -1,34 +1,34 @@
 """One federated round, written once: the loop, the examples and the tests all call
-:func:`federated_round`.
+:func:`federated_round`. Its phases, in the order they run::
 
-::
+    start  = server entries in broadcast_keys ∪ init_client(server, info)        BROADCAST
+    state  = start, with the client's own kept (KEEP) rows
+    ctx    = round_context(server, info, probe)          probe(fn): fn on every cohort client
+    state += the client's row of ctx.per_client                                   ROUND CONTEXT
+    for t in range(I):                                                            LOCAL STEPS
+        state, logs = client_step(state, batches(t), ctx.broadcast, info.step(t))
+        state[STEP entries] ← their mean over the running clients                 (a collective)
+    state  = client_end(state, start, ctx.broadcast, steps completed)             END OF ROUND
+    sums   = Σ over the clients that finished of w_k · ROUND entries, w_k, the step logs,
+             the participant counts and the kept rows                             (one collective)
+    server = server_update(server, means ∪ STEP means, ctx, info with participants)
+    server[model] = server optimizer step from the old model, if any               SERVER
+    store  ← the kept rows of the clients that finished
 
-    state = init_client(server, info)                       # BROADCAST (+ each client's row)
-    ctx   = round_context(server, info, probes)              # always; probes if the method asks
-    for t in range(I):
-        state, logs = executor.map(client_step, state, batches(t), ctx.broadcast, t)
-        state[STEP entries] ← cohort mean                      # one collective per step, if any
-    server = server_update(server, cohort mean of upload(state) ∪ STEP means, ctx, info)
-    store.write_back(state[KEEP entries])                    # m rows, not K
-
-Communication goes through a :class:`Comm`: :class:`FabricComm` (one flat ``all_reduce`` per
-collective) in runs, :class:`LocalComm` (one process) in examples and tests. Every collective
-sums; a mean over the cohort is that sum divided by m, so 1 and N processes agree up to the
-order of summation. Traffic is counted per client from what each one actually sends and
+Every collective goes through a :class:`~lit_fedco.engine.comm.Comm` and sums; a mean is that
+sum divided by a count summed in the same buffer. A client completes t_k of the I local steps
+(:class:`~lit_fedco.engine.failures.Failures`; t_k = I without failures, 0 when it drops out):
+it runs step t while t < t_k, a stopped client's state stops changing, a per-step mean is over
+the clients still running and an upload mean over those with t_k ≥ 1, a dropped client's kept
+rows are not written back, and a round in which every client drops leaves the server state as
+it was (``server_update`` is not called). Without failures every count is m: the same
+arithmetic, the same code. Traffic is counted per client from what each one actually sends and
 receives (:class:`Traffic`).
-
-Client failures (:class:`~lit_fedco.engine.failures.Failures`): a client completes t_k of the I
-local steps (0: it dropped out). A mean is then the sum over the clients still running (a per-step
-sync at step t: those with t < t_k; the upload: those with t_k ≥ 1) divided by how many they
-are, that count summed in the same collective as the sum — so a round without failures divides
-by m exactly as before. A stopped client's state stops changing; a dropped client uploads
-nothing and its kept entries are not written back; a round in which every client drops leaves
-the server state as it was (``server_update`` is not called).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import dataclasses
 from dataclasses import dataclass
 from functools import partial
 from typing import TYPE_CHECKING, Any
@@ -36,162 +36,28 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor
 
-from lit_fedco.core.protocol import RoundContext, RoundInfo, Sync
-from lit_fedco.core.state import State, broadcast, flatten, numel, tree_leaves, tree_map, unflatten
+from lit_fedco.core.protocol import RoundContext, RoundInfo, StepInfo, Sync
+from lit_fedco.core.server_opt import ServerOptimizer
+from lit_fedco.core.state import State, broadcast, numel, tree_leaves, tree_map
+from lit_fedco.engine.comm import Comm
 from lit_fedco.engine.executors import Executor
 from lit_fedco.engine.failures import Failures
+from lit_fedco.engine.store import ClientStore
 
 if TYPE_CHECKING:
-    from lightning.fabric import Fabric
+    from collections.abc import Callable
 
     from lit_fedco.updaters.base import CompositionalUpdater
 
-Batches = Callable[[int], Any]
-"""``batches(t)``: step t's minibatches of this process's cohort clients, stacked ``[n, ...]``."""
+    Batches = Callable[[int], Any]
+    """``batches(t)``: step t's minibatches of this process's cohort clients, ``[n, ...]``."""
 
 
-# ---------------------------------------------------------------------- communication
-class Comm:
-    """Sums over processes; the only place a round communicates.
-
-    Args:
-        dtype: the dtype buffers are summed in (the run's parameter dtype).
-    """
-
-    def __init__(self, dtype: torch.dtype = torch.float64) -> None:
-        self.dtype = dtype
-        self._carry: Tensor | None = None
-        self.carried: Tensor | None = None
-        """The sums of the values last given to :meth:`carry`, once a collective took them."""
-
-    def all_sum(self, flat: Tensor) -> Tensor:
-        """The element-wise sum of ``flat`` over all processes (one collective)."""
-        raise NotImplementedError
-
-    def carry(self, values: Tensor) -> None:
-        """Sum ``values`` (1-D) over processes in the next collective, appended to its buffer
-        instead of a collective of their own; their sums are then in :attr:`carried` (None
-        until then). Every process must call it at the same point (e.g. once per round), as
-        for any collective. The run's stop request travels this way in the aggregation."""
-        self._carry, self.carried = values.reshape(-1), None
-
-    def sum_tree(self, tree: Any) -> Any:
-        """:meth:`all_sum` of a pytree, flattened into one buffer first (with the values
-        given to :meth:`carry`, if any)."""
-        flat, meta, spec = flatten(tree)
-        flat = flat.to(self.dtype)
-        if self._carry is None:
-            return unflatten(self.all_sum(flat), meta, spec)
-        size = flat.numel()
-        extra = self._carry.to(flat.device, self.dtype)
-        total = self.all_sum(torch.cat([flat, extra]))
-        self._carry, self.carried = None, total[size:]
-        return unflatten(total[:size], meta, spec)
-
-    def cohort_rows(self, local: Any, positions: Tensor, m: int) -> Any:
-        """Every cohort client's row, ``[m, ...]`` in cohort order, from this process's rows
-        ``local`` (``[n, ...]`` at ``positions`` of the cohort): one collective of m rows."""
-
-        def scatter(v: Tensor) -> Tensor:
-            full = v.new_zeros((m, *v.shape[1:]), dtype=self.dtype)
-            return full.index_copy(0, positions.to(v.device), v.to(self.dtype))
-
-        return self.sum_tree(tree_map(scatter, local))
-
-
-class LocalComm(Comm):
-    """One process holds the whole cohort: a sum over processes is the identity."""
-
-    def all_sum(self, flat: Tensor) -> Tensor:
-        return flat
-
-
-class FabricComm(Comm):
-    """Lightning Fabric's collectives (gloo on CPU, NCCL on GPUs); one ``all_reduce`` each."""
-
-    def __init__(self, fabric: Fabric, dtype: torch.dtype = torch.float32) -> None:
-        super().__init__(dtype)
-        self.fabric = fabric
-
-    def all_sum(self, flat: Tensor) -> Tensor:
-        if self.fabric.world_size == 1:
-            return flat
-        return self.fabric.all_reduce(flat, reduce_op="sum")  # type: ignore[return-value]
-
-
-# ---------------------------------------------------------------------- client-held state
-class ClientStore:
-    """The :attr:`Sync.KEEP` entries of every client, one row per client (K rows), identical on
-    every process so that whichever process runs a client finds its state.
-
-    Args:
-        initial: one client's initial values of the kept entries (e.g. the initial model).
-        num_clients: K.
-    """
-
-    def __init__(self, initial: State, num_clients: int) -> None:
-        self.rows: State = {key: broadcast(v, num_clients) for key, v in initial.items()}
-
-    def read(self, clients: Tensor) -> State:
-        """The kept entries of ``clients``, stacked ``[n, ...]``."""
-        return {key: tree_map(lambda v: v[clients.to(v.device)], t) for key, t in self.rows.items()}
-
-    def write_back(
-        self,
-        states: State,
-        positions: Tensor,
-        cohort: Tensor,
-        comm: Comm,
-        finished: Tensor | None = None,
-    ) -> None:
-        """Store this round's kept entries of the whole cohort: every process contributes its
-        own clients' rows (at ``positions`` of the cohort) to one collective of m rows.
-
-        ``finished`` (``[n]`` bool, this process's clients): only those rows are stored (a
-        client that dropped out keeps its previous state); the flags travel in the same
-        collective. None: every row."""
-        if not self.rows:
-            return
-        rows = {key: states[key] for key in self.rows}
-        idx = cohort
-        if finished is None:
-            new = comm.cohort_rows(rows, positions, len(cohort))
-        else:
-            flags = finished.to(comm.dtype)
-            got = comm.cohort_rows({"rows": rows, "finished": flags}, positions, len(cohort))
-            keep = got["finished"] > 0.5
-            idx = cohort.to(keep.device)[keep]
-            new = tree_map(lambda v: v[keep], got["rows"])
-        self.rows = {
-            key: tree_map(
-                lambda store, v: store.index_copy(0, idx.to(store.device), v.to(store.dtype)),
-                self.rows[key],
-                new[key],
-            )
-            for key in self.rows
-        }
-
-
-def make_store(updater: CompositionalUpdater, server: State, num_clients: int) -> ClientStore:
-    """A store of the updater's kept entries, every client starting from what
-    ``init_client`` gives at ``server`` (e.g. the initial model); empty if it keeps none."""
-    keep = [key for key, s in updater.client_state.items() if s is Sync.KEEP]
-    if not keep:
-        return ClientStore({}, num_clients)
-    info = RoundInfo(0, num_clients, torch.arange(num_clients), 1, 0)
-    client0 = updater.init_client(server, info)
-    return ClientStore({key: client0[key] for key in keep}, num_clients)
-
-
-# ---------------------------------------------------------------------- the round
 @dataclass
 class Traffic:
-    """Floats one client sends (``up``) and receives (``down``) in a round.
-
-    With failures, the average over the cohort's m clients of what each one actually sent and
-    received: a client that stopped sends and receives nothing more (no per-step syncs after
-    it stopped, no upload after a drop-out), so the count is fractional. Times m it is the
-    round's total."""
+    """Floats one client sends (``up``) and receives (``down``) in a round: the average over the
+    cohort's m clients of what each one actually sent and received (fractional when clients
+    fail: a client that stopped sends and receives nothing more)."""
 
     up: float = 0
     down: float = 0
@@ -203,12 +69,11 @@ class RoundResult:
 
     Attributes:
         server: the new server state.
-        logs: the cohort means of the clients' step logs, averaged over the local steps, under
-            ``train/<name>`` (with failures: the mean over the client-steps that ran; absent
-            when none ran); what the round context logs, under ``dro/``; and, when clients can
-            fail, ``failures/dropped`` (clients that dropped out), ``failures/partial``
-            (clients that stopped before step I) and ``failures/steps_completed_mean`` (the
-            cohort's mean of completed steps, a dropped client counting 0).
+        logs: the means of the clients' step logs over the client-steps that ran, under
+            ``train/<name>`` (absent when none ran); what the round context logs, under
+            ``dro/``; and, when clients can fail, ``failures/dropped``, ``failures/partial``
+            (clients that stopped before step I) and ``failures/steps_completed_mean`` (a
+            dropped client counting 0).
         traffic: floats communicated per client in this round.
         context: the round context (for callbacks and tests).
     """
@@ -219,21 +84,43 @@ class RoundResult:
     context: RoundContext
 
 
-def _step(upd: CompositionalUpdater, t: int, s: State, b: Any, c: Any) -> Any:
-    return upd.client_step(s, b, c, t)
+@dataclass
+class _Round:
+    """One round's bookkeeping: who runs here, how far each client gets, what was sent."""
+
+    upd: CompositionalUpdater
+    info: RoundInfo
+    clients: Tensor  # this process's cohort clients (sorted)
+    positions: Tensor  # their places in the cohort
+    comm: Comm
+    ex: Executor
+    done: Tensor | None  # t_k per client of this process (CPU); None: every client runs I steps
+    up: float = 0.0  # floats sent by the whole cohort
+    down: float = 0.0  # floats received by the whole cohort
+
+    @property
+    def n(self) -> int:
+        return len(self.clients)
+
+    @property
+    def m(self) -> int:
+        return self.info.cohort_size
+
+    def running(self, t: int, device: torch.device) -> Tensor | None:
+        """The clients of this process still running at step t, as a row mask (None: all)."""
+        return None if self.done is None else _mask(self.done > t, device)
+
+    def count(self, mask: Tensor | None, device: torch.device) -> Tensor:
+        """How many of this process's clients ``mask`` marks (all with None), as a 0-d tensor
+        of the summing dtype, to travel in a collective beside what it counts."""
+        n = self.n if mask is None else int(mask.sum())
+        return torch.tensor(float(n), dtype=self.comm.dtype, device=device)
 
 
-def unique_numel(tree: Any) -> int:
-    """Elements of the distinct tensors of ``tree`` (one tensor under two keys is sent once)."""
-    return sum(t.numel() for t in {id(t): t for t in tree_leaves(tree)}.values())
-
-
-def _rows(flags: Tensor | None, device: torch.device) -> Tensor | None:
-    """``flags`` (``[n]`` bool, on the CPU) as a row mask on ``device``; None when every row
-    is set (or there are no flags): the arithmetic of a round without failures."""
-    if flags is None or bool(flags.all()):
-        return None
-    return flags.to(device)
+def _mask(flags: Tensor, device: torch.device) -> Tensor | None:
+    """``flags`` (``[n]`` bool) as a row mask on ``device``; None when every row is set: the
+    arithmetic of a round in which every client runs."""
+    return None if bool(flags.all()) else flags.to(device)
 
 
 def _where(mask: Tensor | None, new: Any, old: Any) -> Any:
@@ -246,12 +133,188 @@ def _where(mask: Tensor | None, new: Any, old: Any) -> Any:
     return torch.where(mask.view(-1, *[1] * (new.dim() - 1)), new, old)
 
 
-def _sum_rows(v: Tensor, mask: Tensor | None) -> Tensor:
-    """The sum over the leading (client) dimension of the rows where ``mask``; of all rows
-    when there is no mask."""
+def _sum_rows(v: Tensor, mask: Tensor | None, weights: Tensor | None = None) -> Tensor:
+    """The sum over the leading (client) dimension of the rows where ``mask`` (all rows with
+    None), each row times its weight when ``weights`` (``[n]``) are given."""
+    if weights is not None:
+        v = weights.view(-1, *[1] * (v.dim() - 1)).to(v.dtype) * v
     if mask is None:
         return v.sum(0)
     return torch.where(mask.view(-1, *[1] * (v.dim() - 1)), v, 0).sum(0)
+
+
+def unique_numel(tree: Any) -> int:
+    """Elements of the distinct tensors of ``tree`` (one tensor under two keys is sent once)."""
+    return sum(t.numel() for t in {id(t): t for t in tree_leaves(tree)}.values())
+
+
+def _step(upd: CompositionalUpdater, step: StepInfo, s: State, b: Any, c: Any) -> Any:
+    return upd.client_step(s, b, c, step)
+
+
+# ---------------------------------------------------------------------- phases
+def broadcast_state(r: _Round, server: State, store: ClientStore | None) -> tuple[State, State]:
+    """BROADCAST: what every cohort client receives (``start``, unbatched), and the clients'
+    states: ``start`` with each one's kept rows from the store (``[n, ...]``)."""
+    upd = r.upd
+    start = {k: server[k] for k in upd.broadcast_keys if k in server}
+    start.update(upd.init_client(server, r.info))
+    sync = upd.client_state
+    r.down += r.m * unique_numel({k: v for k, v in start.items() if sync.get(k) is not Sync.KEEP})
+    states = broadcast(start, r.n)
+    if store is not None and store.rows:
+        states = {**states, **store.read(r.clients)}
+    return start, states
+
+
+def round_context(
+    r: _Round, server: State, states: State, first: Any
+) -> tuple[RoundContext, State]:
+    """ROUND CONTEXT: the updater's decisions for the round, from the cohort's probes when it
+    asks for them; each client gets its own row of ``per_client``. A client that drops out does
+    so after this point: its probe is part of the context."""
+
+    def probe(fn: Callable[[State, Any], Any]) -> Tensor:
+        local = r.ex.map(lambda s, b, c: fn(s, b), states, first, {}, r.n)
+        rows = r.comm.cohort_rows(local, r.positions, r.m)
+        r.up += r.m * rows[0].numel()
+        return rows
+
+    ctx = r.upd.round_context(server, r.info, probe)
+    r.down += r.m * numel(ctx.broadcast)
+    if ctx.per_client:  # each client receives its own row
+        own = {k: v[r.positions.to(v.device)] for k, v in ctx.per_client.items()}
+        states = {**states, **own}
+        r.down += r.m * sum(v[0].numel() for v in ctx.per_client.values())
+    return ctx, states
+
+
+def local_steps(
+    r: _Round, states: State, batches: Batches, first: Any, ctx: RoundContext
+) -> tuple[State, dict[str, Any], State]:
+    """LOCAL STEPS: the one loop over t; client k runs step t while t < t_k. Returns the final
+    states, the sums of the step logs over the client-steps that ran, and the last per-step
+    means of the STEP entries."""
+    step_keys = [k for k, s in r.upd.client_state.items() if s is Sync.STEP]
+    device = tree_leaves(states)[0].device
+    log_sum: dict[str, Any] = {}
+    step_mean: State = {}
+    for t in range(r.info.local_steps):
+        running = r.running(t, device)
+        step = partial(_step, r.upd, r.info.step(t))
+        new, logs = r.ex.map(step, states, first if t == 0 else batches(t), ctx.broadcast, r.n)
+        states = _where(running, new, states)
+        for key, v in logs.items():
+            log_sum[key] = log_sum.get(key, 0.0) + _sum_rows(v.detach(), running)
+        if step_keys:
+            states, step_mean = sync_step(r, states, step_keys, running, step_mean)
+    return states, log_sum, step_mean
+
+
+def sync_step(
+    r: _Round, states: State, keys: list[str], running: Tensor | None, last: State
+) -> tuple[State, State]:
+    """The mean of the STEP entries over the running clients (one collective, the count
+    inside), given back to them; when every client has stopped, the last mean stays."""
+    device = tree_leaves(states)[0].device
+    part = {key: tree_map(lambda v: _sum_rows(v, running), states[key]) for key in keys}
+    total = r.comm.sum_tree({"sum": part, "running": r.count(running, device)})
+    count = round(float(total["running"]))
+    if not count:
+        return states, last
+    mean = tree_map(lambda v: v / count, total["sum"])
+    synced = _where(running, broadcast(mean, r.n), {k: states[k] for k in keys})
+    r.up += count * numel(mean)
+    r.down += count * numel(mean)
+    return {**states, **synced}, mean
+
+
+def end_of_round(r: _Round, states: State, start: State, ctx: RoundContext) -> State:
+    """END OF ROUND: the updater's client hook after the last local step (if it has one), told
+    how many steps each client completed."""
+    from lit_fedco.updaters.base import CompositionalUpdater
+
+    if type(r.upd).client_end is CompositionalUpdater.client_end:
+        return states
+    ref = tree_leaves(states)[0]
+    steps = torch.full((r.n,), float(r.info.local_steps)) if r.done is None else r.done.double()
+    steps = steps.to(ref.device, ref.dtype)
+    end = r.upd.client_end
+    return r.ex.map(lambda s, k, c: end(s, start, c, k), states, steps, ctx.broadcast, r.n)
+
+
+def aggregate(
+    r: _Round, states: State, ctx: RoundContext, log_sum: dict[str, Any], keep: list[str]
+) -> dict[str, Any]:
+    """One collective of the round's sums over the clients that finished: their (weighted)
+    ``ROUND`` entries and weights, the step logs, the participant counts, and every cohort
+    client's kept rows with its finished flag."""
+    device = tree_leaves(states)[0].device
+    done, steps = r.done, r.info.local_steps
+    took = torch.ones(r.n, dtype=torch.bool) if done is None else done > 0
+    finished = _mask(took, device)
+    weights = aggregation_weights(r, ctx, device)
+    sync = r.upd.client_state
+    ups = {k: states[k] for k, s in sync.items() if s is Sync.ROUND and k in states}
+    sizes = r.info.sizes[r.positions][took] if r.info.sizes is not None else torch.zeros(0)
+    counts = [
+        float(took.sum()),  # participants
+        float(r.n * steps if done is None else done.sum()),  # client-steps that ran
+        0.0 if done is None else float((done == 0).sum()),  # dropped
+        0.0 if done is None else float(((done > 0) & (done < steps)).sum()),  # stopped early
+        float(sizes.sum()),  # the participants' training samples
+    ]
+    payload: dict[str, Any] = {
+        "up": tree_map(lambda v: _sum_rows(v, finished, weights), ups),
+        "logs": log_sum,
+        "counts": torch.tensor(counts, dtype=r.comm.dtype, device=device),
+    }
+    if weights is not None:
+        payload["weight"] = _sum_rows(weights.to(r.comm.dtype), finished)
+    if keep:
+        rows = {"rows": {k: states[k] for k in keep}, "finished": took.to(device)}
+        payload["kept"] = r.comm.scatter_rows(rows, r.positions, r.m)
+    return r.comm.sum_tree(payload)
+
+
+def aggregation_weights(r: _Round, ctx: RoundContext, device: torch.device) -> Tensor | None:
+    """Each of this process's clients' weight in the upload means: the round context's
+    (DRFL's λ_k), or by training samples when the updater declares ``aggregation="samples"``;
+    None: uniform."""
+    if ctx.weights is not None:
+        return ctx.weights[r.positions.to(ctx.weights.device)].to(device)
+    if r.upd.aggregation == "samples" and r.info.sizes is not None:
+        return r.info.sizes[r.positions].to(device)
+    return None
+
+
+def server_step(
+    r: _Round,
+    server: State,
+    total: dict[str, Any],
+    step_mean: State,
+    ctx: RoundContext,
+    server_opt: ServerOptimizer | None,
+) -> State:
+    """SERVER: the means of the uploads, ``server_update``, then the server optimizer on the
+    model (the change the update proposes is its pseudo-gradient). Nothing when every client
+    dropped out."""
+    upd = r.upd
+    n_up, samples = round(float(total["counts"][0])), float(total["counts"][4])
+    if not n_up:
+        return server
+    mean = tree_map(lambda v: v / n_up, total["up"])
+    if "weight" in total:  # Σ w u / Σ w, as a ratio of means over the participants
+        w = total["weight"] / n_up
+        mean = tree_map(lambda v: v / w, mean) if float(w) != 0 else {}
+    info = dataclasses.replace(
+        r.info, participants=n_up, participant_samples=samples if r.info.sizes is not None else None
+    )
+    new = upd.server_update(server, {**step_mean, **mean}, ctx, info)
+    if server_opt is not None:
+        key = upd.model_key
+        new = {**new, key: server_opt.step(server[key], new[key])}
+    return new
 
 
 def federated_round(
@@ -264,147 +327,66 @@ def federated_round(
     executor: Executor,
     store: ClientStore | None = None,
     failures: Failures | None = None,
+    server_opt: ServerOptimizer | None = None,
 ) -> RoundResult:
     """Run one round of ``updater`` for this process's share ``clients`` of ``info.cohort``.
 
     Args:
         updater: the algorithm.
         server: the server state before the round (not modified).
-        info: the round's index, K, cohort, I and seed.
+        info: the round's index, K, cohort, I, seed (and the cohort's sizes, if known).
         clients: the cohort clients this process runs (a subset of ``info.cohort``, sorted).
         batches: ``batches(t)`` gives step t's minibatches of ``clients``; step 0's batches
-            also feed the probe.
+            also feed the probes.
         comm: sums over processes.
         executor: runs a per-client function over ``clients`` (vmapped or in a loop).
-        store: the clients' kept (:attr:`Sync.KEEP`) entries, read at the start and written
-            back at the end; needed only when the updater declares such entries.
-        failures: simulated client failures (:class:`~lit_fedco.engine.failures.Failures`; the
-            module docstring says what a failed client does); None or probabilities 0: none.
+        store: the clients' kept (``Sync.KEEP``) entries, read at the start and written back
+            at the end; needed only when the updater declares such entries.
+        failures: simulated client failures; None or probabilities 0: none.
+        server_opt: the server optimizer applied to the model's change; None: none.
 
     Returns:
-        The new server state, the round's logs and the traffic per client.
+        The new server state, the round's logs, the traffic per client and the context.
     """
-    upd, ex = updater, executor
-    n, m, steps = len(clients), info.cohort_size, info.local_steps
-    positions = torch.searchsorted(info.cohort, clients)  # this process's rows of the cohort
-    sync = upd.client_state
-    traffic = Traffic()
-    # t_k, the local steps each of this process's clients completes (0: it dropped out), on the
-    # CPU; None: no failures, and the round's arithmetic is that of a round without them.
     done = failures.steps(info, clients) if failures is not None else None
-    later_up = later_down = 0  # with failures: the cohort's floats after the probe, in total
-
-    # BROADCAST: every cohort client starts from the server's state; kept entries come from
-    # the client's own store instead.
-    client0 = upd.init_client(server, info)
-    sent = {k: v for k, v in client0.items() if sync.get(k) is not Sync.KEEP}
-    traffic.down += unique_numel(sent)
-    states = broadcast(client0, n)
-    if store is not None and store.rows:
-        states = {**states, **store.read(clients)}
-    device = tree_leaves(states)[0].device
-
-    # ROUND CONTEXT: from the cohort's probes at the broadcast point, when the method asks.
-    # A client that drops out does so after this point: its probe is part of the context.
+    positions = torch.searchsorted(info.cohort, clients)  # this process's rows of the cohort
+    r = _Round(updater, info, clients, positions, comm, executor, done)
+    start, states = broadcast_state(r, server, store)
     first = batches(0)
-    probes = None
-    if upd.probes:
-        local = ex.map(lambda s, b, c: upd.probe(s, b, c), states, first, {}, n)
-        probes = comm.cohort_rows(local, positions, m)
-        traffic.up += local[0].numel()
-    ctx = upd.round_context(server, info, probes)
-    traffic.down += numel(ctx.broadcast)
-    if ctx.per_client:  # each client receives its own row
-        rows = {k: v[positions.to(v.device)] for k, v in ctx.per_client.items()}
-        states = {**states, **rows}
-        traffic.down += sum(v[0].numel() for v in ctx.per_client.values())
+    ctx, states = round_context(r, server, states, first)
+    states, log_sum, step_mean = local_steps(r, states, batches, first, ctx)
+    states = end_of_round(r, states, start, ctx)
+    keep = list(store.rows) if store is not None else []
+    total = aggregate(r, states, ctx, log_sum, keep)
+    new_server = server_step(r, server, total, step_mean, ctx, server_opt)
+    if store is not None and keep:
+        write_back(store, info.cohort, total["kept"])
+    r.up += round(float(total["counts"][0])) * numel(total["up"])
+    traffic = Traffic(r.up / r.m, r.down / r.m)
+    return RoundResult(new_server, round_logs(r, total, ctx), traffic, ctx)
 
-    # LOCAL STEPS: client k runs step t while t < t_k; a stopped client's state stops changing.
-    step_keys = [k for k, s in sync.items() if s is Sync.STEP]
-    log_sum: dict[str, Tensor] = {}
-    step_mean: State = {}
-    client_major = ex.client_major and not step_keys and done is None and steps > 0
-    if client_major:
-        # Clients do not wait on each other: each runs its I steps in turn (a plain loop's
-        # order, the same numbers), the cohort's states stacked once. Step t's batches are
-        # copied out of the sampler's reused buffers before step t + 1 is gathered.
-        copy = partial(tree_map, torch.clone)
-        steps_b = [copy(first), *(copy(batches(t)) for t in range(1, steps))]
-        states, step_logs = ex.run_clients(partial(_step, upd), states, steps_b,
-                                           ctx.broadcast, n)  # fmt: skip
-        for logs in step_logs:
-            for key, v in logs.items():
-                log_sum[key] = log_sum.get(key, 0.0) + _sum_rows(v.detach(), None)
-    for t in range(0 if client_major else steps):
-        running = None if done is None else _rows(done > t, device)  # None: all of them
-        new, logs = ex.map(partial(_step, upd, t), states, first if t == 0 else batches(t),
-                           ctx.broadcast, n)  # fmt: skip
-        states = _where(running, new, states)
-        for key, v in logs.items():
-            log_sum[key] = log_sum.get(key, 0.0) + _sum_rows(v.detach(), running)
-        if not step_keys:
-            continue
-        # per-step communication: the mean of the declared entries over the running clients
-        part = {key: tree_map(lambda v: _sum_rows(v, running), states[key]) for key in step_keys}
-        if done is None:
-            step_mean = tree_map(lambda v: v / m, comm.sum_tree(part))
-            states = {**states, **broadcast(step_mean, n)}
-            traffic.up += numel(step_mean)
-            traffic.down += numel(step_mean)
-            continue
-        here = torch.tensor(float((done > t).sum()), dtype=comm.dtype, device=device)
-        total = comm.sum_tree({"sum": part, "running": here})
-        count = round(float(total["running"]))
-        if count:  # else every client has stopped: the last step's mean stays
-            step_mean = tree_map(lambda v: v / count, total["sum"])
-            synced = _where(running, broadcast(step_mean, n), {k: states[k] for k in step_keys})
-            states = {**states, **synced}
-            later_up += count * numel(step_mean)
-            later_down += count * numel(step_mean)
 
-    # CLIENT-HELD STATE: this round's cohort rows go back to the store (those that finished).
-    finished = None if done is None else _rows(done > 0, device)
-    if store is not None:
-        flags = None if done is None else (done > 0).to(device)
-        store.write_back(states, positions, info.cohort, comm, flags)
+def write_back(store: ClientStore, cohort: Tensor, kept: dict[str, Any]) -> None:
+    """The kept rows of the clients that finished the round go back to the store."""
+    took = kept["finished"] > 0.5
+    store.write(cohort.to(took.device)[took], tree_map(lambda v: v[took], kept["rows"]))
 
-    # AGGREGATION: one collective of [sum of uploads, sum of logs (, counts)], then the server
-    # update.
-    ups = ex.map(lambda s, b, c: upd.upload(s), states, None, ctx.broadcast, n)
-    payload = {"up": tree_map(lambda v: _sum_rows(v, finished), ups), "logs": log_sum}
-    if done is None:
-        mean = tree_map(lambda v: v / m, comm.sum_tree(payload))
-        traffic.up += numel(mean["up"])
-        new_server = upd.server_update(server, {**step_mean, **mean["up"]}, ctx, info)
-        out = {f"train/{k}": float(v) / steps for k, v in mean["logs"].items()}
+
+def round_logs(r: _Round, total: dict[str, Any], ctx: RoundContext) -> dict[str, float]:
+    """The round's logs: the step logs' means over the client-steps that ran, the failures'
+    counts (when clients can fail) and the round context's weights."""
+    m, steps = r.m, r.info.local_steps
+    n_steps, n_dropped, n_partial = (round(float(c)) for c in total["counts"][1:4])
+    if n_steps == m * steps:  # every client ran every step
+        out = {f"train/{k}": float(v / m) / steps for k, v in total["logs"].items()}
     else:
-        counts = [
-            (done > 0).sum(),
-            done.sum(),
-            (done == 0).sum(),
-            ((done > 0) & (done < steps)).sum(),
-        ]
-        payload["counts"] = torch.stack(counts).to(device, comm.dtype)
-        total = comm.sum_tree(payload)
-        n_up, n_steps, n_dropped, n_partial = (round(float(c)) for c in total["counts"])
-        new_server = server  # every client dropped out: the server state stays
-        if n_up:
-            mean_up = tree_map(lambda v: v / n_up, total["up"])
-            new_server = upd.server_update(server, {**step_mean, **mean_up}, ctx, info)
-        later_up += n_up * numel(total["up"])
-        traffic.up += later_up / m
-        traffic.down += later_down / m
-        # step logs: the mean over the client-steps that ran (all ran: as without failures)
-        if n_steps == m * steps:
-            out = {f"train/{k}": float(v / m) / steps for k, v in total["logs"].items()}
-        else:
-            out = {f"train/{k}": float(v) / n_steps for k, v in total["logs"].items() if n_steps}
+        out = {f"train/{k}": float(v) / n_steps for k, v in total["logs"].items() if n_steps}
+    if r.done is not None:
         out["failures/dropped"] = float(n_dropped)
         out["failures/partial"] = float(n_partial)
         out["failures/steps_completed_mean"] = n_steps / m
-
     if "weights" in ctx.logged:
         w = ctx.logged["weights"]
         out["dro/cohort_weight_max"] = float(w.max())
         out["dro/cohort_weight_entropy"] = float(-(w * w.clamp_min(1e-30).log()).sum())
-    return RoundResult(new_server, out, traffic, ctx)
+    return out

@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from lit_fedco.core.errors import ConfigError
+from lit_fedco.core.server_opt import ServerOptConfig
 from lit_fedco.engine.failures import Failures
 
 
@@ -23,6 +24,8 @@ class LoopConfig:
         eval_batch: rows per forward pass at evaluation.
         progress: show a progress bar (rank 0; drawn by the runner).
         failures: simulated client failures (drop-outs, partial work); none by default.
+        server_opt: the run's server optimizer, for updaters without one of their own; none
+            by default.
     """
 
     rounds: int = 100
@@ -34,6 +37,7 @@ class LoopConfig:
     eval_batch: int = 4096
     progress: bool = True
     failures: Failures = field(default_factory=Failures)
+    server_opt: ServerOptConfig = field(default_factory=ServerOptConfig)
 
     def validate(self, num_clients: int, world_size: int = 1) -> None:
         """Range checks against K clients and the number of processes."""
@@ -49,3 +53,4 @@ class LoopConfig:
         for key in ("rounds", "local_steps", "batch_size", "eval_every", "eval_batch"):
             if getattr(self, key) < 1:
                 raise ConfigError.bad_value(key, getattr(self, key), "an int >= 1", "5")
+        self.server_opt.validate()

@@ -9,9 +9,12 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from lit_fedco.core.protocol import RoundInfo
+from lit_fedco.core.server_opt import ServerOptimizer
 from lit_fedco.core.state import State, tree_leaves
+from lit_fedco.engine.comm import LocalComm
 from lit_fedco.engine.executors import Executor, SequentialExecutor
-from lit_fedco.engine.round import ClientStore, LocalComm, federated_round, make_store
+from lit_fedco.engine.round import federated_round
+from lit_fedco.engine.store import ClientStore, make_store
 
 if TYPE_CHECKING:
     from lit_fedco.updaters.base import CompositionalUpdater
@@ -26,6 +29,7 @@ def run_rounds(
     executor: Executor | None = None,
     dtype: torch.dtype = torch.float64,
     store: ClientStore | None = None,
+    server_opt: ServerOptimizer | None = None,
 ) -> list[State]:
     """Full-participation rounds in one process on fixed per-client batches (examples, tests).
 
@@ -40,6 +44,7 @@ def run_rounds(
         dtype: the dtype of the means.
         store: the clients' kept entries (default: a new store, when the updater keeps any);
             pass one to read them afterwards.
+        server_opt: a server optimizer (default: the updater's own, if it has one).
 
     Returns:
         The server state before the first round and after each round.
@@ -50,10 +55,14 @@ def run_rounds(
     server = server if server is not None else updater.init_server(updater.params(), k)
     comm, ex = LocalComm(dtype), executor or SequentialExecutor()
     store = store or make_store(updater, server, k)
+    own = updater.server_opt_config()
+    server_opt = server_opt or (ServerOptimizer(own) if own is not None else None)
     history = [server]
     for r in range(rounds):
         info = RoundInfo(r, k, cohort, local_steps, 0)
-        res = federated_round(updater, server, info, cohort, step_batches, comm, ex, store)
+        res = federated_round(
+            updater, server, info, cohort, step_batches, comm, ex, store, server_opt=server_opt
+        )
         server = res.server
         history.append(server)
     return history

@@ -4,6 +4,7 @@ is written)."""
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import statistics
@@ -14,9 +15,10 @@ import torch
 from lightning.fabric import Fabric
 from omegaconf import DictConfig, OmegaConf
 
-from lit_fedco.config.load import problem_name, problem_params, updater_hparams
+from lit_fedco.config.load import node_params, problem_name
 from lit_fedco.core.errors import ConfigError
 from lit_fedco.core.models import build_model
+from lit_fedco.core.server_opt import ServerOptConfig
 from lit_fedco.data import FederatedData, make_federated
 from lit_fedco.engine.executors import choose_executor, make_executor
 from lit_fedco.engine.failures import Failures
@@ -171,6 +173,7 @@ def loop_config(cfg: DictConfig, seed: int) -> LoopConfig:
         seed=seed,
         progress=cfg.progress,
         failures=Failures(drop=cfg.failures.drop, partial=cfg.failures.partial),
+        server_opt=ServerOptConfig(**OmegaConf.to_container(cfg.server_opt, resolve=True)),  # type: ignore[arg-type]
     )
 
 
@@ -184,10 +187,46 @@ def run_executor(cfg: DictConfig) -> str:
     return choose_executor(cfg.executor, cfg.model.name, cfg.accelerator, updaters)
 
 
-def check_run(cfg: DictConfig) -> None:
-    """Every check that can fail on user input, before any process starts or file is written."""
+class Assembly:
+    """What a run builds from its configs, built once and shared by the checks, the plan and
+    the sub-runs: the data of a (data config, seed) — the last one only, since sub-runs run
+    seed by seed — and the updater and problem of each (config, updater, seed, start)."""
+
+    def __init__(self) -> None:
+        self._data: tuple[str, FederatedData] | None = None
+        self._updaters: dict[str, tuple[CompositionalUpdater, Problem]] = {}
+        self.built = {"data": 0, "updaters": 0}
+        """How many data sets and updaters were built (the tests read it)."""
+
+    def data(self, cfg: DictConfig, seed: int) -> FederatedData:
+        """:func:`build_data` of ``cfg`` and ``seed``, built once."""
+        key = json.dumps([OmegaConf.to_container(cfg.data, resolve=True), seed], sort_keys=True)
+        if self._data is None or self._data[0] != key:
+            self._data = None  # the previous data set can go before the next is built
+            self._data = (key, build_data(cfg, seed))
+            self.built["data"] += 1
+        return self._data[1]
+
+    def updater(
+        self, cfg: DictConfig, name: str, seed: int, init: dict[str, torch.Tensor] | None = None
+    ) -> tuple[CompositionalUpdater, Problem]:
+        """:func:`build_updater` of ``name`` with ``seed`` (and the starting point ``init``) on
+        this config's data, built once."""
+        data = self.data(cfg, seed)
+        key = json.dumps([relevant_config(cfg, name, seed), id(init) if init else None],
+                         sort_keys=True, default=str)  # fmt: skip
+        if key not in self._updaters:
+            self._updaters[key] = build_updater(cfg, name, data, seed, init)
+            self.built["updaters"] += 1
+        return self._updaters[key]
+
+
+def check_run(cfg: DictConfig, built: Assembly | None = None) -> None:
+    """Every check that can fail on user input, before any process starts or file is written.
+    The data and updaters it builds (for the run's first seed) are kept in ``built``."""
+    built = built or Assembly()
     for name in cfg.updaters:
-        updater_hparams(cfg, name)
+        node_params(cfg, name)
     if cfg.dtype not in DTYPES:
         raise ConfigError.bad_value("dtype", cfg.dtype, f"one of {sorted(DTYPES)}", "float32")
     make_executor(run_executor(cfg), cfg.chunk_size)
@@ -227,24 +266,25 @@ def check_run(cfg: DictConfig) -> None:
     if cfg.threads < 0:
         raise ConfigError.bad_value("threads", cfg.threads, "an int >= 0 (0: torch's default)", "1")
     check_fabric(cfg)
-    data = build_data(cfg, cfg.seed)  # missing files, impossible splits
-    loop_config(cfg, cfg.seed).validate(data.num_clients, cfg.devices * cfg.num_nodes)
+    first = (seeds or [cfg.seed])[0]
+    data = built.data(cfg, first)  # missing files, impossible splits
+    loop_config(cfg, first).validate(data.num_clients, cfg.devices * cfg.num_nodes)
     # model sizes, and an objective of the problem for each updater
-    built = [build_updater(cfg, name, data, 0)[0] for name in cfg.updaters]
+    updaters = [built.updater(cfg, name, first)[0] for name in cfg.updaters]
     check_pretrain(cfg)
     if enabled(cfg):  # the pre-training's updater, objective and schedule
         pcfg = pretrain_config(cfg)
         try:
-            build_updater(pcfg, cfg.pretrain.updater, data, 0)
+            built.updater(pcfg, cfg.pretrain.updater, first)
         except ConfigError as err:
             raise ConfigError(
                 f"pretrain.updater: got {cfg.pretrain.updater!r}, which cannot pre-train this "
                 f"run's model ({err}); choose another, e.g. pretrain.updater=fedavg",
                 key="pretrain.updater",
             ) from None
-        loop_config(pcfg, cfg.seed).validate(data.num_clients, cfg.devices * cfg.num_nodes)
+        loop_config(pcfg, first).validate(data.num_clients, cfg.devices * cfg.num_nodes)
     if cfg.init_from:  # a readable checkpoint of this run's model
-        check_shapes(load_params(cfg.init_from), built[0].params(), cfg.init_from, cfg)
+        check_shapes(load_params(cfg.init_from), updaters[0].params(), cfg.init_from, cfg)
 
 
 RESUMABLE_CHANGES = (
@@ -276,6 +316,8 @@ def relevant_config(cfg: DictConfig, name: str, seed: int) -> dict[str, Any]:
         out["init_from"] = resolved["init_from"]
     if enabled(cfg):
         out["pretrain"] = resolved["pretrain"]
+    if cfg.server_opt.name:  # a server optimizer (older checkpoints have none)
+        out["server_opt"] = resolved["server_opt"]
     out.update(updater=name, seed=seed, hparams=OmegaConf.to_container(cfg[name], resolve=True))
     if pname:
         out["problem"] = {"name": pname, **OmegaConf.to_container(cfg[pname], resolve=True)}  # type: ignore[dict-item]
@@ -300,7 +342,7 @@ def build_updater(
     cls = get_updater(name)
     pname = problem_name(cfg, name)
     problem = (
-        get_problem(pname)(problem_params(cfg, pname), data)
+        get_problem(pname)(node_params(cfg, pname), data)
         if pname
         else Classification(ProblemParams(), data)
     )
@@ -314,7 +356,7 @@ def build_updater(
         objective = problem.objective_for(cls.compositions, model)
     except ConfigError as err:
         raise err.within(f"updater {name!r}") from None
-    return cls(updater_hparams(cfg, name), model, objective), problem
+    return cls(node_params(cfg, name), model, objective), problem
 
 
 def partition_summary(stats: dict[str, Any]) -> dict[str, Any]:

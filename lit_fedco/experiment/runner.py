@@ -22,15 +22,14 @@ from typing import Any
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from lit_fedco.config.helptext import HELP_FLAGS, print_help
-from lit_fedco.config.load import load_config, variant_configs
+from lit_fedco.config.load import variant_configs
+from lit_fedco.config.parser import CommandLine
 from lit_fedco.core.errors import ConfigError
 from lit_fedco.experiment import checkpoint as ckpt
 from lit_fedco.experiment import pretrain
 from lit_fedco.experiment.assemble import (
     RESUMABLE_CHANGES,
-    build_data,
-    build_updater,
+    Assembly,
     check_run,
     make_fabric,
     run_executor,
@@ -78,10 +77,12 @@ class Plan:
 
 
 def sub_runs(configs: list[tuple[str, DictConfig]], seeds: list[int]):  # type: ignore[no-untyped-def]
-    """``(variant index, variant, config, updater, seed, folder name)`` of every sub-run."""
+    """``(variant index, variant, config, updater, seed, folder name)`` of every sub-run, in
+    the order they run: variant by variant, seed by seed (the methods of a seed share its
+    data and its pre-training), updater by updater."""
     for i, (variant, vcfg) in enumerate(configs):
-        for name in vcfg.updaters:
-            for seed in seeds:
+        for seed in seeds:
+            for name in vcfg.updaters:
                 folder = f"{name}-seed{seed}" if not variant else f"v{i}-{name}-seed{seed}"
                 yield i, variant, vcfg, name, seed, folder
 
@@ -95,7 +96,11 @@ def pretrain_runs(configs: list[tuple[str, DictConfig]], seeds: list[int]):  # t
 
 
 def plan_run(
-    recipe: str, cfg: DictConfig, configs: list[tuple[str, DictConfig]], seeds: list[int]
+    recipe: str,
+    cfg: DictConfig,
+    configs: list[tuple[str, DictConfig]],
+    seeds: list[int],
+    built: Assembly,
 ) -> Plan:
     """Where the run goes and what it resumes; every resume problem is found here.
 
@@ -118,9 +123,10 @@ def plan_run(
         plan.run_dir = existing_run_dir(out_dir, recipe, cfg.run_name)
         for _, _, vcfg, seed, folder in pretrain_runs(configs, seeds):
             pcfg = pretrain.pretrain_config(vcfg)
-            _plan_sub(plan, recipe, pcfg, str(vcfg.pretrain.updater), seed, plan.run_dir / folder)
+            pname = str(vcfg.pretrain.updater)
+            _plan_sub(plan, recipe, pcfg, pname, seed, plan.run_dir / folder, built)
         for _, _, vcfg, name, seed, folder in sub_runs(configs, seeds):
-            _plan_sub(plan, recipe, vcfg, name, seed, plan.run_dir / folder)
+            _plan_sub(plan, recipe, vcfg, name, seed, plan.run_dir / folder, built)
         total = len(list(sub_runs(configs, seeds))) + len(list(pretrain_runs(configs, seeds)))
         if plan.done and not plan.resume and len(plan.done) == total:
             plan.notes.append(f"run {plan.run_dir.name} is already complete: nothing to run")
@@ -128,8 +134,8 @@ def plan_run(
     path = Path(cfg.resume)
     found = ckpt.load(path)  # unreadable, truncated, corrupted: refused here
     ((_, _, vcfg, name, seed, folder),) = list(sub_runs(configs, seeds))
-    data = build_data(vcfg, seed)
-    params = build_updater(vcfg, name, data, seed)[0].params()
+    data = built.data(vcfg, seed)
+    params = built.updater(vcfg, name, seed)[0].params()
     verify(found, identity_of(recipe, vcfg, name, seed, data, params), path)
     if _already_done(found, vcfg):
         raise ConfigError(
@@ -143,7 +149,7 @@ def plan_run(
         for _, _, _, pseed, pfolder in pretrain_runs(configs, seeds):  # its pre-training
             pcfg = pretrain.pretrain_config(vcfg)
             pname = str(vcfg.pretrain.updater)
-            _plan_sub(plan, recipe, pcfg, pname, pseed, plan.run_dir / pfolder)
+            _plan_sub(plan, recipe, pcfg, pname, pseed, plan.run_dir / pfolder, built)
     plan.resume[folder] = path
     return plan
 
@@ -158,6 +164,7 @@ def _starting_point(
     run_dir: Path,
     fabric: Any,
     record: Any,
+    built: Assembly,
 ) -> dict[str, Any] | None:
     """``{"params", "from"}`` every method of (variant ``i``, ``seed``) starts from, or None
     (each its seeded initialisation). With ``pretrain.rounds > 0`` the pre-training runs as a
@@ -183,7 +190,7 @@ def _starting_point(
     else:
         pcfg = pretrain.pretrain_config(vcfg)
         final, loop = run_sub(fabric, pcfg, name, seed, recipe, run_dir / folder,
-                              plan.resume.get(folder), False, base)  # fmt: skip
+                              plan.resume.get(folder), False, base, built)  # fmt: skip
     if "diverged_round" in final:
         if rank0:
             print(
@@ -215,7 +222,9 @@ def _already_done(found: dict[str, Any], cfg: DictConfig) -> bool:
     return int(found["loop"]["round"]) >= cfg.rounds
 
 
-def _plan_sub(plan: Plan, recipe: str, cfg: DictConfig, name: str, seed: int, folder: Path) -> None:
+def _plan_sub(
+    plan: Plan, recipe: str, cfg: DictConfig, name: str, seed: int, folder: Path, built: Assembly
+) -> None:
     status = read_json(folder / "status.json") or {}
     if status.get("state") == "diverged" and status.get("final"):
         plan.done[folder.name] = status["final"]  # a result: resuming would diverge again
@@ -225,8 +234,8 @@ def _plan_sub(plan: Plan, recipe: str, cfg: DictConfig, name: str, seed: int, fo
         return  # nothing to resume: the sub-run starts from round 0
     path, found, skipped = newest
     plan.notes += [f"skipped: {reason}" for reason in skipped]
-    data = build_data(cfg, seed)
-    params = build_updater(cfg, name, data, seed)[0].params()
+    data = built.data(cfg, seed)
+    params = built.updater(cfg, name, seed)[0].params()
     verify(found, identity_of(recipe, cfg, name, seed, data, params), path)
     if _already_done(found, cfg) and status.get("final"):
         plan.done[folder.name] = status["final"]
@@ -273,42 +282,40 @@ def format_table(
     return "\n".join(out)
 
 
-def main(
+def run_recipe(
     recipe: str,
-    defaults: dict[str, Any],
-    argv: list[str] | None = None,
+    cmd: CommandLine,
+    cfg: DictConfig,
     columns: list[tuple[str, str]] | None = None,
     callbacks: list[Any] | None = None,
     evaluated_on: str = "validation",
 ) -> list[Any]:
-    """Entry point of every recipe: parse, check, run each (variant, updater, seed), print the
-    table and save it with the results in the run folder.
+    """Run a recipe whose command line was parsed and loaded (:func:`lit_fedco.cli.run`, the
+    entry point, calls it): check, plan, run each (variant, seed, updater), print the table and
+    save it with the results in the run folder.
 
     Bad input ends the process with exit code 2 and a one-line message, before anything is
     written. SIGTERM or SIGINT stop the run after the current round with a checkpoint (exit
     code 128 + the signal). ``columns`` are the table's (metric key, label) pairs
     (:data:`TABLE_COLUMNS` by default); ``callbacks`` receive the loop's hooks
     (:func:`~lit_fedco.experiment.assemble.make_fabric`); ``evaluated_on`` names the data the
-    ``val/`` metrics are measured on ("validation", or "test" for a recipe whose held-out data is a
-    test set), in the table's title, the results and the figures' labels.
+    ``val/`` metrics are measured on ("validation", or "test" for a recipe whose held-out data
+    is a test set), in the table's title, the results and the figures' labels.
     """
-    argv = sys.argv[1:] if argv is None else argv
-    if any(a in HELP_FLAGS for a in argv):
-        return print_help(recipe, defaults, argv, load_config)
     child = os.environ.get(RUN_DIR_ENV)  # a process Fabric started: the launcher checked it all
+    built = Assembly()
     try:
-        cfg = load_config(argv, defaults)
-        configs = variant_configs(argv, defaults, cfg)  # one per variant, or just cfg
+        configs = variant_configs(cmd, cfg)  # one per variant, or just cfg
         for c in [cfg, *(c for _, c in configs)]:  # executor=auto: the choice is recorded
             c.executor = run_executor(c)
         seeds = list(cfg.seeds) or [cfg.seed]
         for variant, c in configs if not child else []:
             try:
-                check_run(c)
+                check_run(c, built)
             except ConfigError as err:
                 raise err.within(f"variant {variant!r}") if variant else err from None
         # the processes Fabric starts read the same files and come to the same plan
-        plan = plan_run(recipe, cfg, configs, seeds) if not child or cfg.resume else Plan()
+        plan = plan_run(recipe, cfg, configs, seeds, built) if not child or cfg.resume else Plan()
         run_dir = (
             Path(child)
             if child
@@ -324,7 +331,8 @@ def main(
     os.environ[RUN_DIR_ENV] = str(run_dir)
     try:
         fabric = make_fabric(cfg, callbacks)
-        rows = _run(recipe, cfg, configs, seeds, plan, run_dir, fabric, columns, evaluated_on)
+        rows = _run(recipe, cfg, configs, seeds, plan, run_dir, fabric, columns, evaluated_on,
+                    built)  # fmt: skip
         _shut_down(fabric)
         return rows
     finally:
@@ -341,7 +349,8 @@ def _run(
     run_dir: Path,
     fabric: Any,
     columns: list[tuple[str, str]] | None,
-    evaluated_on: str = "validation",
+    evaluated_on: str,
+    built: Assembly,
 ) -> list[Any]:
     """Every sub-run of a planned run, then the table, the results and the folder's listing."""
     rank0 = fabric.global_rank == 0
@@ -362,7 +371,7 @@ def _run(
         pre-training's final model (run now, or read back), or ``init_from``'s."""
         if (i, seed) not in starts:
             starts[i, seed] = _starting_point(
-                recipe, i, variant, vcfg, seed, plan, run_dir, fabric, record
+                recipe, i, variant, vcfg, seed, plan, run_dir, fabric, record, built
             )
         return starts[i, seed]
 
@@ -377,7 +386,7 @@ def _run(
                 else:
                     announce = name == vcfg.updaters[0]  # once per data set
                     final, _ = run_sub(fabric, vcfg, name, seed, recipe, run_dir / folder,
-                                       plan.resume.get(folder), announce, init)  # fmt: skip
+                                       plan.resume.get(folder), announce, init, built)  # fmt: skip
                 label = f"{name} [{variant}]" if variant else name
                 record(label, final, folder)
         except Stopped as stop:

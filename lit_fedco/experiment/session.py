@@ -31,16 +31,15 @@ from tqdm.auto import tqdm
 from lit_fedco.core.state import tree_leaves
 from lit_fedco.core.version import VERSION
 from lit_fedco.data import FederatedData, format_partition_stats
+from lit_fedco.engine.comm import Comm
 from lit_fedco.engine.executors import make_executor
 from lit_fedco.engine.loop import FederatedLoop
-from lit_fedco.engine.round import Comm
 from lit_fedco.experiment import checkpoint as ckpt
 from lit_fedco.experiment import pretrain
 from lit_fedco.experiment.assemble import (
     DTYPES,
     RESUMABLE_CHANGES,
-    build_data,
-    build_updater,
+    Assembly,
     loop_config,
     partition_summary,
     relevant_config,
@@ -202,8 +201,10 @@ def run_sub(
     resume_from: Path | None = None,
     announce: bool = False,
     init: dict[str, Any] | None = None,
+    built: Assembly | None = None,
 ) -> tuple[dict[str, float], FederatedLoop]:
-    """Run updater ``name`` with ``seed`` into ``folder``, from ``resume_from`` if given.
+    """Run updater ``name`` with ``seed`` into ``folder``, from ``resume_from`` if given; its
+    data and updater come from ``built`` (built there once per run).
 
     ``init`` is the run's shared starting point (:mod:`lit_fedco.experiment.pretrain`): ``{"params":
     the model parameters, "from": where they come from}``; None: the seeded initialisation.
@@ -217,7 +218,8 @@ def run_sub(
         ckpt.CheckpointError: ``resume_from`` does not belong to this run.
     """
     rank0 = fabric.global_rank == 0
-    data = build_data(cfg, seed)
+    built = built or Assembly()
+    data = built.data(cfg, seed)
     stats = data.partition_stats()
     if rank0:
         folder.mkdir(parents=True, exist_ok=True)
@@ -226,7 +228,7 @@ def run_sub(
         if announce:
             print(format_partition_stats(stats), flush=True)
     init_params = None if init is None else init["params"]
-    updater, problem = build_updater(cfg, name, data, seed, init_params)
+    updater, problem = built.updater(cfg, name, seed, init_params)
     init_record = (
         pretrain.describe(init["from"], init["params"]) if init is not None
         else {"from": "seed", "fingerprint": pretrain.fingerprint(updater.params())}

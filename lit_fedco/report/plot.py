@@ -35,6 +35,7 @@ NAMES = {
     "fcsg": "FCSG", "fcsg_m": "FCSG-M",
     "acc_fcsg_m": "Acc-FCSG-M", "local_scgd": "Local-SCGD", "local_scgdm": "Local-SCGDM",
     "coda_plus": "CODA+", "fastdro": "FastDRO", "pdsgd": "PDSGD", "gcivr": "GCIVR",
+    "fedavgm": "FedAvgM", "fedadam": "FedAdam", "fedyogi": "FedYogi", "scaffold": "SCAFFOLD",
     "pretrain": "pre-training (its own rounds, before the methods')",
 }  # fmt: skip
 """The papers' names of the registered updaters (others are shown as registered)."""

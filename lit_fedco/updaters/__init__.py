@@ -3,7 +3,9 @@
 from lit_fedco.updaters.base import (
     CompositionalUpdater,
     Hparams,
+    ServerOptHparams,
     available_updaters,
+    combine,
     get_updater,
     register,
 )
@@ -21,7 +23,14 @@ from lit_fedco.updaters.fcsg import (
     LocalSCGDHparams,
     LocalSCGDM,
 )
-from lit_fedco.updaters.fedavg import FedAvg
+from lit_fedco.updaters.fedavg import (
+    AdaptiveHparams,
+    FedAdam,
+    FedAvg,
+    FedAvgM,
+    FedAvgMHparams,
+    FedYogi,
+)
 from lit_fedco.updaters.feddro import (
     MBSGD,
     DSFedDRO,
@@ -38,6 +47,7 @@ from lit_fedco.updaters.gcivr import GCIVR, GCIVRHparams
 from lit_fedco.updaters.personal import Ditto, DittoHparams, FedMAML, FedMAMLHparams
 from lit_fedco.updaters.qfedavg import QFedAvg, QFedAvgHparams
 from lit_fedco.updaters.robust import DRFL, TRMAML, DRFLHparams, project_simplex
+from lit_fedco.updaters.scaffold import Scaffold
 
 __all__ = [
     "DRFL",
@@ -48,6 +58,7 @@ __all__ = [
     "PDSGD",
     "TRMAML",
     "AccFCSGM",
+    "AdaptiveHparams",
     "CODAHparams",
     "CODAPlus",
     "ComFedL",
@@ -63,15 +74,19 @@ __all__ = [
     "FCSGMHparams",
     "FastDRO",
     "FastDROHparams",
+    "FedAdam",
     "FedAvg",
     "FedAvgCO",
     "FedAvgCOCaseI",
     "FedAvgCOCaseIHparams",
     "FedAvgCOHparams",
+    "FedAvgM",
+    "FedAvgMHparams",
     "FedDRO",
     "FedDROHparams",
     "FedMAML",
     "FedMAMLHparams",
+    "FedYogi",
     "GCIVRHparams",
     "Hparams",
     "LocalSCGD",
@@ -81,7 +96,10 @@ __all__ = [
     "PDSGDHparams",
     "QFedAvg",
     "QFedAvgHparams",
+    "Scaffold",
+    "ServerOptHparams",
     "available_updaters",
+    "combine",
     "get_updater",
     "project_simplex",
     "register",

@@ -6,28 +6,55 @@ does with it). Writing a new method means overriding :meth:`CompositionalUpdater
 and, where the server does more than average, :meth:`CompositionalUpdater.server_update`; how
 each state entry travels is declared in :attr:`CompositionalUpdater.client_state`.
 
-The round (:func:`lit_fedco.engine.round.federated_round`, written once) calls::
+The round (:func:`lit_fedco.engine.round.federated_round`, written once) calls, in order::
 
-    state   = init_client(server, info)                       # broadcast to every cohort client
-    ctx     = round_context(server, info, probes)              # probes only if :attr:`probes`
+    start  = server entries in broadcast_keys ∪ init_client(server, info)   # to every client
+    ctx    = round_context(server, info, probe)                            # probe(fn) on demand
     for t in range(I):
-        state, logs = client_step(state, batches_t, ctx.broadcast, t)    # every cohort client
-        state[k] = cohort mean of state[k] for k declared Sync.STEP       # per-step communication
-    server  = server_update(server, cohort mean of upload(state), ctx, info)
+        state, logs = client_step(state, batches_t, ctx.broadcast, info.step(t))
+        state[k] = mean of state[k] over the cohort for k declared Sync.STEP
+    state  = client_end(state, start, ctx.broadcast, steps completed)
+    server = server_update(server, means of the Sync.ROUND entries, ctx, info)
+
+Hooks (override what the method needs): :meth:`~CompositionalUpdater.init_server`,
+:meth:`~CompositionalUpdater.init_client`, :meth:`~CompositionalUpdater.round_context`,
+:meth:`~CompositionalUpdater.client_step`, :meth:`~CompositionalUpdater.client_end`,
+:meth:`~CompositionalUpdater.server_update`, :meth:`~CompositionalUpdater.client_weights`,
+:meth:`~CompositionalUpdater.eval_params` (:data:`HOOKS`). Declarations (class attributes):
+:attr:`~CompositionalUpdater.client_state`, ``model_key``, ``personal_key``,
+``broadcast_keys``, ``roles``, ``compositions``, ``default_problem``, ``aggregation``,
+``server_optimizer``, ``unvmappable_models``. :func:`register` refuses a declaration that an
+override makes dead.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import typing
 from dataclasses import dataclass
 from typing import Any, ClassVar, Generic, TypeVar
 
 from torch import Tensor, nn
 
 from lit_fedco.core.errors import ConfigError
-from lit_fedco.core.protocol import RoundContext, RoundInfo, Sync
-from lit_fedco.core.state import State, tree_map
+from lit_fedco.core.protocol import Probe, RoundContext, RoundInfo, StepInfo, Sync
+from lit_fedco.core.server_opt import ServerOptConfig
+from lit_fedco.core.state import State
 from lit_fedco.objectives.base import Batch, Context, Objective, model_params
+
+HOOKS = (
+    "init_server",
+    "init_client",
+    "round_context",
+    "client_step",
+    "client_end",
+    "server_update",
+    "client_weights",
+    "eval_params",
+)
+"""The methods an updater may override (the plug-in surface)."""
+
+AGGREGATIONS = ("uniform", "samples")
 
 
 @dataclass(frozen=True)
@@ -65,24 +92,36 @@ H = TypeVar("H", bound=Hparams)
 class CompositionalUpdater(Generic[H]):
     """Base class of every federated algorithm, generic in its hyperparameters ``H``.
 
-    Subclasses set :attr:`name` (via :func:`register`), :attr:`hparams_cls`, declare
-    :attr:`client_state`, and override :meth:`client_step`; where needed also
-    :meth:`init_client`, :meth:`round_context`, :meth:`upload` and :meth:`server_update`.
+    A subclass names its hyperparameters in the generic parameter
+    (``class FedProx(CompositionalUpdater[FedProxHparams])``: :attr:`hparams_cls` follows),
+    declares how its state travels (:attr:`client_state`), overrides :meth:`client_step` and
+    whatever else of :data:`HOOKS` the method needs, and is registered with :func:`register`.
 
     Args:
         hparams: an instance of :attr:`hparams_cls`.
         model: the network; used only functionally through the objective.
         objective: the objective to minimise: the one the run's
-            :class:`~lit_fedco.objectives.Problem` offers for :attr:`compositions` (the
+            :class:`~lit_fedco.problems.Problem` offers for :attr:`compositions` (the
             runner builds it; :attr:`default_problem` when the run names none); plain
             empirical risk when None.
     """
 
     name: ClassVar[str] = ""
     hparams_cls: ClassVar[type[Hparams]] = Hparams
+    """The hyperparameter dataclass: the generic parameter of the class (set automatically)."""
     client_state: ClassVar[dict[str, Sync]] = {"x": Sync.ROUND}
-    """How each client-state entry travels (:class:`~lit_fedco.core.protocol.Sync`); entries not
-    named are :attr:`Sync.LOCAL`. The default uploads x for averaging."""
+    """How each client-state entry travels (:class:`~lit_fedco.core.protocol.Sync`); entries
+    not named are :attr:`Sync.LOCAL`. The server's means are of the ``ROUND`` entries: what a
+    client uploads is its ``ROUND`` entries after :meth:`client_end`."""
+    model_key: ClassVar[str] = "x"
+    """The state entry (server and client) that holds the model's parameters: evaluated, read
+    by ``init_from`` and the pre-training, moved by a server optimizer."""
+    personal_key: ClassVar[str] = ""
+    """A ``Sync.KEEP`` entry holding each client's own model: every client is then evaluated
+    with it instead of the shared model (Ditto's ``"personal"``); empty: none."""
+    broadcast_keys: ClassVar[tuple[str, ...]] = ("x",)
+    """Server-state entries every cohort client starts the round from (those present);
+    :meth:`init_client` adds to them."""
     roles: ClassVar[tuple[str, ...]] = ()
     """Independent minibatches each client draws per local step (e.g. ``("grad", "value")``);
     empty: the objective's (``("inner",)``, and ``"outer"`` when its outer function reads a
@@ -92,22 +131,25 @@ class CompositionalUpdater(Generic[H]):
     default_problem: ClassVar[str] = ""
     """The problem whose objective this updater trains when the run names none (config
     ``objective``), e.g. ``"sample_dro"`` for the FedDRO family; empty: empirical risk."""
-    needs_probe: ClassVar[bool] = False
-    """Whether :meth:`probe` runs every round even when the objective has none (DRFL's
-    losses at the broadcast point)."""
-    weights_key: ClassVar[str] = ""
-    """The server-state entry holding explicit client weights λ (DRFL), logged at every
-    evaluation; empty: the objective's implied weights, if any."""
-    server_steps: ClassVar[dict[str, str]] = {}
-    """Server step sizes: entry → the hyperparameter holding its γ. The server moves such an
-    entry from where the clients started, ``e ← e₀ + γ (mean_k e_k − e₀)``, instead of
-    replacing it by the mean (DS-FedDRO's γ_x, γ_y; γ = 1 is averaging)."""
-    broadcast_keys: ClassVar[tuple[str, ...]] = ("x",)
-    """Server-state entries every cohort client starts the round from (those present)."""
+    aggregation: ClassVar[str] = "uniform"
+    """How the server weights the clients' uploads in its means: ``"uniform"`` (each of the
+    participants counts the same: the papers' 1/m) or ``"samples"`` (by the client's number of
+    training samples, n_k / Σ n_k). A round context's ``weights`` replace either."""
+    server_optimizer: ClassVar[str] = ""
+    """The updater's own server optimizer (:mod:`lit_fedco.core.server_opt`: ``momentum``
+    for FedAvgM, ``adam``, ``yogi``), its hyperparameters a :class:`ServerOptHparams`; empty:
+    the run's ``server_opt`` (none by default)."""
     unvmappable_models: ClassVar[frozenset[str]] = frozenset()
-    """Models (:func:`lit_fedco.core.models.build_model` names) on which this updater's client step
-    cannot run under ``vmap``; ``executor=auto`` runs a run with such a pair sequentially
+    """Models (:func:`lit_fedco.core.models.build_model` names) on which this updater's client
+    step cannot run under ``vmap``; ``executor=auto`` runs a run with such a pair sequentially
     (:func:`lit_fedco.engine.executors.choose_executor`)."""
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if "hparams_cls" not in cls.__dict__:
+            found = _generic_hparams(cls)
+            if found is not None:
+                cls.hparams_cls = found
 
     def __init__(self, hparams: H, model: nn.Module, objective: Objective | None = None) -> None:
         if not isinstance(hparams, self.hparams_cls):
@@ -129,24 +171,26 @@ class CompositionalUpdater(Generic[H]):
 
     # ------------------------------------------------------------------ set-up
     def init_server(self, params: dict[str, Tensor], num_clients: int) -> State:
-        """Server state at round 0 from the initial parameters; ``{"x": params}`` by default.
+        """Server state at round 0 from the initial parameters; ``{model_key: params}`` by
+        default.
 
         Args:
             params: the model's initial parameters.
             num_clients: K (DRFL keeps a weight per client).
         """
-        return {"x": {k: v.clone() for k, v in params.items()}}
+        return {self.model_key: {k: v.clone() for k, v in params.items()}}
 
     def init_client(self, server: State, info: RoundInfo) -> State:
-        """One client's state at the start of a round (what is broadcast): by default the
-        server's entries named in :attr:`broadcast_keys`. Entries declared :attr:`Sync.KEEP`
-        are the initial values of a client's first round; later rounds restore them from the
-        client's store."""
-        return {k: server[k] for k in self.broadcast_keys if k in server}
+        """What a cohort client starts the round from besides the server's
+        :attr:`broadcast_keys` entries (what is broadcast, with them): nothing by default.
+        Entries declared :attr:`Sync.KEEP` here are their initial values, before a client's
+        first round (later rounds restore them from the client's store); a kept entry not given
+        here starts as zeros shaped like the model."""
+        return {}
 
     # ------------------------------------------------------------------ client side
     def client_step(
-        self, state: State, batches: dict[str, Batch], ctx: Context, step: int
+        self, state: State, batches: dict[str, Batch], ctx: Context, step: StepInfo
     ) -> tuple[State, dict[str, Tensor]]:
         """One local step of one client. Pure: no in-place updates, no communication.
 
@@ -155,72 +199,79 @@ class CompositionalUpdater(Generic[H]):
                 context's ``per_client`` entries.
             batches: one minibatch per role in :attr:`batch_roles`.
             ctx: what the round context broadcasts (the same for every client).
-            step: the local step index t in [0, I).
+            step: where the step is: ``step.t`` (0 ≤ t < I), ``step.first``, ``step.last``,
+                ``step.local_steps`` (I), ``step.round``.
 
         Returns:
             The new state and a dict of scalar logs (e.g. the batch loss).
         """
         raise NotImplementedError(f"{type(self).__name__} must implement client_step")
 
-    @property
-    def probes(self) -> bool:
-        """Whether the round runs :meth:`probe` on every cohort client (one collective)."""
-        return self.needs_probe or self.objective.has_probe
+    def client_end(self, state: State, start: State, ctx: Context, steps: Tensor) -> State:
+        """One client after its last local step, before it uploads its ``ROUND`` entries and
+        keeps its ``KEEP`` ones: e.g. SCAFFOLD's new control variate from the round's change.
+        The identity by default.
 
-    def probe(self, state: State, batches: dict[str, Batch], ctx: Context) -> Tensor | None:
-        """A tensor per client at the broadcast point, on the round's first batches; the round
-        gathers the cohort's values (``[m, ...]``) for :meth:`round_context`. By default the
-        objective's probe, or, for an objective without one, the client's loss ``F_k(x̄)`` on
-        those batches (DRFL's and TR-MAML's ascent)."""
-        if not self.objective.has_probe:
-            return self.objective.value(state["x"], batches, ctx)
-        return self.objective.probe(state["x"], batches, ctx)
-
-    def upload(self, state: State) -> State:
-        """What a client sends at the end of the round; averaged over the cohort. Default:
-        the entries declared :attr:`Sync.ROUND` (those the state holds)."""
-        return {k: state[k] for k, s in self.client_state.items() if s is Sync.ROUND and k in state}
+        Args:
+            state: the client's state after its local steps (unbatched leaves).
+            start: what the client received at the round's start (the broadcast entries).
+            ctx: what the round context broadcasts.
+            steps: the local steps this client completed, a 0-d tensor of the model's dtype:
+                I, or fewer for a client that stopped early (``failures.partial``).
+        """
+        return state
 
     # ------------------------------------------------------------------ server side
-    def round_context(self, server: State, info: RoundInfo, probes: Tensor | None) -> RoundContext:
-        """The round's context from the cohort's probe values (``[m, ...]`` in the order of
-        ``info.cohort``; None when the method does not probe). The objective's by default
-        (the DRO shift and normaliser)."""
-        if probes is None:
+    def round_context(self, server: State, info: RoundInfo, probe: Probe) -> RoundContext:
+        """The server's decisions for the round (a :class:`RoundContext`). ``probe(fn)`` runs
+        ``fn(state, batches)`` on every cohort client at the broadcast point, on its first
+        step's minibatches, and returns the values gathered ``[m, ...]`` in cohort order (one
+        collective; nothing is probed unless it is called). By default the objective's
+        context from its probe (the DRO shift and normaliser), if it has one."""
+        obj = self.objective
+        if not obj.has_probe:
             return RoundContext()
-        return self.objective.round_context(probes)
+        return obj.round_context(probe(lambda s, b: obj.probe(s[self.model_key], b, {})))
 
     def server_update(
         self, server: State, mean: State, ctx: RoundContext, info: RoundInfo
     ) -> State:
-        """New server state from the cohort means (of the uploads, and of the entries synced
-        every step); by default they and ``ctx.server`` replace the server's entries, and an
-        entry with a server step size (:attr:`server_steps`) moves from its starting value
-        e₀ (what the round context broadcast, else the server's) by γ (mean − e₀)."""
-        new = {**server, **ctx.server, **mean}
-        for key, field in self.server_steps.items():
-            gamma = getattr(self.hparams, field)
-            start = ctx.broadcast.get(key, server.get(key))
-            new[key] = tree_map(lambda s, m: s + gamma * (m - s), start, mean[key])
-        return new
+        """New server state from the means of the uploads (and of the entries synced every
+        step) over the clients that finished (``info.participants`` of them, with
+        ``info.participant_samples`` training samples); by default the means and
+        ``ctx.server`` replace the server's entries."""
+        return {**server, **ctx.server, **mean}
 
     def client_weights(self, server: State, losses: Tensor) -> Tensor | None:
         """Per-client weights logged at evaluation (``dro/weight_client{k}``), given every
         client's training loss ``[K]``: the objective's implied weights by default (ComFedL's
-        softmax(L/γ)), or the server's explicit λ under :attr:`weights_key` (DRFL, TR-MAML).
-        None: nothing to log."""
-        if self.weights_key:
-            return server[self.weights_key]
+        softmax(L/γ)). None: nothing to log."""
         return self.objective.client_weights(losses)
 
     def eval_params(self, server: State) -> dict[str, Tensor]:
-        """The parameters evaluated on every client's data; the server's x by default."""
-        return server["x"]
+        """The parameters evaluated on every client's data: the server's model by default."""
+        return server[self.model_key]
 
     # ------------------------------------------------------------------ helpers
     def params(self) -> dict[str, Tensor]:
         """The model's initial parameters as a dict."""
         return model_params(self.model)
+
+    def server_opt_config(self) -> ServerOptConfig | None:
+        """The updater's own server optimizer (:attr:`server_optimizer`, with the
+        hyperparameters of :class:`ServerOptHparams`); None: it has none."""
+        if not self.server_optimizer:
+            return None
+        hp, base = self.hparams, ServerOptConfig()
+        assert isinstance(hp, ServerOptHparams)
+        return ServerOptConfig(
+            self.server_optimizer,
+            hp.server_lr,
+            getattr(hp, "server_momentum", base.momentum),
+            getattr(hp, "beta1", base.beta1),
+            getattr(hp, "beta2", base.beta2),
+            getattr(hp, "tau", base.eps),
+        )
 
     def describe(self) -> dict[str, Any]:
         """Logged with the run's config under ``describe``: the updater, its hyperparameters and
@@ -230,6 +281,89 @@ class CompositionalUpdater(Generic[H]):
             "hparams": dataclasses.asdict(self.hparams),
             "objective": self.objective.describe(),
         }
+
+
+@dataclass(frozen=True)
+class ServerOptHparams(Hparams):
+    """Hyperparameters of an updater with a server optimizer of its own (FedAvgM, FedAdam,
+    FedYogi; Reddi et al. 2021, Algorithm 2). Subclasses add the optimizer's own: FedAvgM's
+    ``server_momentum``, the adaptive methods' ``beta1``, ``beta2``, ``tau``.
+
+    Attributes:
+        lr: η_l, the client step size.
+        server_lr: η, the server step size.
+    """
+
+    server_lr: float = 1.0
+
+    def validate(self) -> None:
+        super().validate()
+        self.require("server_lr", self.server_lr > 0, "a float > 0 (η)", "0.01")
+
+
+def _generic_hparams(cls: type) -> type[Hparams] | None:
+    """The hyperparameter dataclass named in ``cls``'s generic base (``Base[MyHparams]``)."""
+    for base in cls.__dict__.get("__orig_bases__", ()):
+        origin = typing.get_origin(base)
+        if isinstance(origin, type) and issubclass(origin, CompositionalUpdater):
+            for arg in typing.get_args(base):
+                if isinstance(arg, type) and issubclass(arg, Hparams):
+                    return arg
+    return None
+
+
+def overridden(cls: type[CompositionalUpdater]) -> list[str]:
+    """The hooks (:data:`HOOKS`) ``cls`` defines itself or takes from an unregistered base
+    between it and :class:`CompositionalUpdater` (shared machinery such as the FedDRO family's
+    base); a registered ancestor's hooks are that updater's, reused."""
+    found: list[str] = []
+    for klass in cls.__mro__:
+        if klass is CompositionalUpdater:
+            break
+        if klass is not cls and _REGISTRY.get(getattr(klass, "name", "")) is klass:
+            break
+        found += [h for h in HOOKS if h in klass.__dict__ and h not in found]
+    return found
+
+
+def check_declarations(cls: type[CompositionalUpdater]) -> None:
+    """Refuse declarations that cannot mean what they say (raised at :func:`register`).
+
+    Raises:
+        TypeError: naming the class, the declaration and how to fix it.
+    """
+    where = f"{cls.__module__}.{cls.__qualname__}"
+    sync = cls.client_state
+    bad = {k: v for k, v in sync.items() if not isinstance(v, Sync)}
+    if bad:
+        raise TypeError(f"{where}.client_state: {bad} are not Sync values (Sync.ROUND, ...)")
+    if cls.personal_key:
+        if sync.get(cls.personal_key) is not Sync.KEEP:
+            raise TypeError(
+                f"{where}.personal_key = {cls.personal_key!r} must name a Sync.KEEP entry of "
+                f"client_state, got {sync.get(cls.personal_key)}; declare it Sync.KEEP"
+            )
+        if "eval_params" in overridden(cls):
+            raise TypeError(
+                f"{where} declares personal_key = {cls.personal_key!r} and overrides "
+                "eval_params, which is then never called (each client is evaluated with its "
+                "personal model); drop one of them"
+            )
+    if cls.aggregation not in AGGREGATIONS:
+        raise TypeError(
+            f"{where}.aggregation = {cls.aggregation!r}: expected one of {AGGREGATIONS}"
+        )
+    if cls.server_optimizer and not issubclass(cls.hparams_cls, ServerOptHparams):
+        raise TypeError(
+            f"{where} declares server_optimizer = {cls.server_optimizer!r} but its "
+            f"hyperparameters {cls.hparams_cls.__name__} are not ServerOptHparams; derive "
+            "them from lit_fedco.ServerOptHparams"
+        )
+    if cls.model_key not in cls.broadcast_keys and "init_client" not in overridden(cls):
+        raise TypeError(
+            f"{where}: the model entry {cls.model_key!r} is not in broadcast_keys "
+            f"{cls.broadcast_keys}, so no client would start from the server's model; add it"
+        )
 
 
 _REGISTRY: dict[str, type[CompositionalUpdater]] = {}
@@ -244,6 +378,7 @@ def register(name: str, *, override: bool = False):  # type: ignore[no-untyped-d
                 f"updater name {name!r} is already registered by {_REGISTRY[name].__qualname__}; "
                 "choose another name or pass override=True to register(...)"
             )
+        check_declarations(cls)
         cls.name = name
         _REGISTRY[name] = cls
         return cls
@@ -251,34 +386,41 @@ def register(name: str, *, override: bool = False):  # type: ignore[no-untyped-d
     return deco
 
 
+DECLARATIONS = (
+    "client_state", "model_key", "personal_key", "broadcast_keys", "roles", "compositions",
+    "default_problem", "aggregation", "server_optimizer", "unvmappable_models",
+)  # fmt: skip
+"""The class attributes that declare how an updater's state travels and what it runs on."""
+
+
 def combine(
     name: str,
     algorithm: type[CompositionalUpdater],
     *,
-    compositions: tuple[str, ...],
-    default_problem: str = "",
     hparams_cls: type[Hparams] | None = None,
     doc: str = "",
-    unvmappable_models: frozenset[str] = frozenset(),
+    **declarations: Any,
 ) -> type[CompositionalUpdater]:
-    """Register ``algorithm`` on other objectives under a name of its own: a method that is
-    one algorithm on another composition (ComFedL-MAML is ComFedL on the MAML composition,
-    TR-MAML is DRFL on it). Only declarations change; no method is overridden.
+    """Register ``algorithm`` with other declarations under a name of its own: a method that
+    is one algorithm on another composition (ComFedL-MAML is ComFedL on the MAML composition,
+    TR-MAML is DRFL on it) or with a server optimizer (FedAdam is FedAvg with ``adam``). Only
+    declarations change; no method is overridden.
 
     Args:
         name: the new updater's name (and config key).
         algorithm: the registered algorithm it runs.
-        compositions: the objectives it asks the problem for, in order of preference.
-        default_problem: the problem it runs on when the run names none.
         hparams_cls: its hyperparameters (default: the algorithm's).
         doc: its docstring (one line: the method, with the paper's equation).
-        unvmappable_models: models its client step cannot run under ``vmap`` on (added to
-            the algorithm's :attr:`~CompositionalUpdater.unvmappable_models`).
+        **declarations: any of :data:`DECLARATIONS` (``compositions``, ``default_problem``,
+            ``server_optimizer``, ...); ``unvmappable_models`` adds to the algorithm's.
     """
+    unknown = sorted(set(declarations) - set(DECLARATIONS))
+    if unknown:
+        raise TypeError(f"combine({name!r}): {unknown} are not declarations; use {DECLARATIONS}")
     attrs: dict[str, Any] = {
-        "unvmappable_models": algorithm.unvmappable_models | unvmappable_models,
-        "compositions": compositions,
-        "default_problem": default_problem or algorithm.default_problem,
+        **declarations,
+        "unvmappable_models": algorithm.unvmappable_models
+        | frozenset(declarations.get("unvmappable_models", ())),
         "hparams_cls": hparams_cls or algorithm.hparams_cls,
         "__doc__": doc or algorithm.__doc__,
         "__module__": algorithm.__module__,

@@ -33,6 +33,7 @@ from torch import Tensor
 from torch.func import grad, vjp
 
 from lit_fedco.core.models import BATCH_STATISTICS_MODELS
+from lit_fedco.core.protocol import StepInfo
 from lit_fedco.core.state import State, tree_axpy, tree_map
 from lit_fedco.objectives.base import Batch, Context
 from lit_fedco.updaters.base import CompositionalUpdater, Hparams, combine, register
@@ -61,7 +62,7 @@ class ComFedL(CompositionalUpdater[Hparams]):
         return tree_map(lambda t: t.detach(), u), y
 
     def client_step(
-        self, state: State, batches: dict[str, Batch], ctx: Context, step: int
+        self, state: State, batches: dict[str, Batch], ctx: Context, step: StepInfo
     ) -> tuple[State, dict[str, Tensor]]:
         u, y = self.direction(state["x"], batches, ctx)
         logs = self.objective.step_logs(y, batches, ctx)

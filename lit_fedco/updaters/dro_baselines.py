@@ -39,7 +39,7 @@ from torch import Tensor
 from torch.func import grad
 
 from lit_fedco.core.errors import ConfigError
-from lit_fedco.core.protocol import RoundContext, RoundInfo, Sync
+from lit_fedco.core.protocol import Probe, RoundContext, RoundInfo, StepInfo, Sync
 from lit_fedco.core.seeding import generator
 from lit_fedco.core.state import State, tree_axpy
 from lit_fedco.objectives.base import Batch, Context, Params
@@ -164,7 +164,6 @@ class FastDRO(DistributedUpdater[FastDROHparams]):
     its savings.
     """
 
-    hparams_cls = FastDROHparams
     roles: ClassVar[tuple[str, ...]] = ("grad",)
     client_state: ClassVar[dict[str, Sync]] = {"x": Sync.ROUND}
     y_source = "none"
@@ -179,8 +178,9 @@ class FastDRO(DistributedUpdater[FastDROHparams]):
         """The per-sample losses of a batch split into its dyadic blocks."""
         return list(torch.split(losses, block_sizes(losses.shape[0], self.levels)))
 
-    def probe(self, state: State, batches: dict[str, Batch], ctx: Context) -> Tensor | None:
-        """The inner value of each block of the step's batch, unit-free, ``[B]``."""
+    def block_probe(self, state: State, batches: dict[str, Batch]) -> Tensor:
+        """A client's probe: the inner value of each block of its step's batch, unit-free,
+        ``[B]``."""
         obj = self.obj
         losses = obj.losses(state["x"], batches["grad"])
         return torch.stack([obj.probe_of_losses(part) for part in self.blocks(losses)])
@@ -201,7 +201,7 @@ class FastDRO(DistributedUpdater[FastDROHparams]):
         prob = level_probabilities(self.hparams.mlmc_levels, self.hparams.mlmc_doubling)
         return mlmc_terms(level, prob[level - 1])
 
-    def round_context(self, server: State, info: RoundInfo, probes: Tensor | None) -> RoundContext:
+    def round_context(self, server: State, info: RoundInfo, probe: Probe) -> RoundContext:
         """Per block b, the weights ``a_b`` (of ``g_k(x; block b)``) and ``e_b`` (of h) that
         make a client's step the gradient of its share of ``Σ_s c_s ℒ(x; S_s)``: a set S of
         blocks has ``g_S = Σ_{b∈S} (n_b/n_S) g_b`` (g and h are means over samples), so::
@@ -209,9 +209,10 @@ class FastDRO(DistributedUpdater[FastDROHparams]):
             a_b = Σ_s c_s [b ∈ S_s] (n_b / n_{S_s}) ∇f(ȳ_{S_s}),
             e_b = Σ_s c_s [b ∈ S_s] (n_b / n_{S_s}),
 
-        with ``ȳ_S`` the cohort's pooled inner value on S, from the probes ``[m, B]``."""
+        with ``ȳ_S`` the cohort's pooled inner value on S, from the probes ``[m, B]``
+        (:meth:`block_probe`)."""
         obj = self.obj
-        assert probes is not None  # a distributed objective always probes
+        probes = probe(self.block_probe)
         units = obj.units(probes)
         nb = probes.shape[1]
         sizes = block_units(nb - 1)  # n₀ cancels in n_b / n_S
@@ -228,7 +229,7 @@ class FastDRO(DistributedUpdater[FastDROHparams]):
         return RoundContext(broadcast=ctx)
 
     def client_step(
-        self, state: State, batches: dict[str, Batch], ctx: Context, step: int
+        self, state: State, batches: dict[str, Batch], ctx: Context, step: StepInfo
     ) -> tuple[State, dict[str, Tensor]]:
         obj = self.obj
 
@@ -322,7 +323,6 @@ class PDSGD(DistributedUpdater[PDSGDHparams]):
     z₀ = ``dual_init``.
     """
 
-    hparams_cls = PDSGDHparams
     client_state: ClassVar[dict[str, Sync]] = {"x": Sync.ROUND, "mu": Sync.ROUND}
     y_source = "none"
 
@@ -334,16 +334,16 @@ class PDSGD(DistributedUpdater[PDSGDHparams]):
         scalars = {"mu": zero, "eta": zero.clone(), "z": zero + self.hparams.dual_init}
         return {**server, **scalars, "started": zero.clone()}
 
-    def probe(self, state: State, batches: dict[str, Batch], ctx: Context) -> Tensor | None:
-        """The dual-form statistics of the client's value batch at the broadcast x."""
+    def dual_probe(self, state: State, batches: dict[str, Batch]) -> Tensor:
+        """A client's probe: the dual-form statistics of its value batch at the broadcast x."""
         obj = self.obj
         return obj.dual_stats(obj.losses(state["x"], batches["value"]))
 
-    def round_context(self, server: State, info: RoundInfo, probes: Tensor | None) -> RoundContext:
-        """The dual step and the round's multiplier (class docstring); in the first round
-        that runs, the start."""
+    def round_context(self, server: State, info: RoundInfo, probe: Probe) -> RoundContext:
+        """The dual step and the round's multiplier (class docstring), from the cohort's dual
+        statistics (:meth:`dual_probe`); in the first round that runs, the start."""
         obj, hp = self.obj, self.hparams
-        assert probes is not None  # a distributed objective always probes
+        probes = probe(self.dual_probe)
         if not bool(server["started"]):
             mu = obj.dual_minimiser(probes).to(server["mu"].dtype)
             eta = obj.dual_value(probes, mu)
@@ -359,7 +359,7 @@ class PDSGD(DistributedUpdater[PDSGDHparams]):
         return RoundContext(broadcast=broadcast, server=kept)
 
     def client_step(
-        self, state: State, batches: dict[str, Batch], ctx: Context, step: int
+        self, state: State, batches: dict[str, Batch], ctx: Context, step: StepInfo
     ) -> tuple[State, dict[str, Tensor]]:
         obj = self.obj
 

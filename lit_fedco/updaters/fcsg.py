@@ -35,7 +35,7 @@ import torch
 from torch import Tensor, nn
 from torch.func import grad, grad_and_value
 
-from lit_fedco.core.protocol import RoundContext, RoundInfo, Sync
+from lit_fedco.core.protocol import RoundContext, RoundInfo, StepInfo, Sync
 from lit_fedco.core.state import (
     State,
     tree_axpy,
@@ -115,10 +115,8 @@ class FCSG(_Conditional[FCSGHparams]):
     only; every step here uses the step's b outer samples.
     """
 
-    hparams_cls = FCSGHparams
-
     def client_step(
-        self, state: State, batches: dict[str, Batch], ctx: Context, step: int
+        self, state: State, batches: dict[str, Batch], ctx: Context, step: StepInfo
     ) -> tuple[State, dict[str, Tensor]]:
         g, loss = self.plugin(state["x"], batches["inner"], ctx)
         return {"x": tree_axpy(-self.hparams.lr, g, state["x"])}, {"loss": loss}
@@ -127,7 +125,6 @@ class FCSG(_Conditional[FCSGHparams]):
 class _Momentum(_Conditional[FCSGMHparams]):
     """The momentum methods: state x and v, v averaged with x; u₁ from B samples."""
 
-    hparams_cls = FCSGMHparams
     client_state: ClassVar[dict[str, Sync]] = {"x": Sync.ROUND, "v": Sync.ROUND}
     broadcast_keys: ClassVar[tuple[str, ...]] = ("x", "v")
 
@@ -151,7 +148,7 @@ class FCSGM(_Momentum):
     """FCSG-M (Algorithm 1, line 14): ``v ← (1−β) v + β ∇F̂(x; S)``, ``x ← x − α v``."""
 
     def client_step(
-        self, state: State, batches: dict[str, Batch], ctx: Context, step: int
+        self, state: State, batches: dict[str, Batch], ctx: Context, step: StepInfo
     ) -> tuple[State, dict[str, Tensor]]:
         hp = self.hparams
         x = state["x"]
@@ -174,11 +171,11 @@ class AccFCSGM(_Momentum):
     }  # fmt: skip
 
     def init_client(self, server: State, info: RoundInfo) -> State:
-        """x and v from the server; x⁻ starts at x⁰ (later rounds: the client's own)."""
-        return {**super().init_client(server, info), "x_prev": server["x"]}
+        """x⁻ starts at x⁰ (later rounds: the client's own); x and v come from the server."""
+        return {"x_prev": server["x"]}
 
     def client_step(
-        self, state: State, batches: dict[str, Batch], ctx: Context, step: int
+        self, state: State, batches: dict[str, Batch], ctx: Context, step: StepInfo
     ) -> tuple[State, dict[str, Tensor]]:
         hp = self.hparams
         x = state["x"]
@@ -220,7 +217,6 @@ class LocalSCGD(CompositionalUpdater[LocalSCGDHparams]):
     x and ŷ are averaged every I steps; ŷ starts at ḡ(x₀; B) (its first step takes β = 1).
     """
 
-    hparams_cls = LocalSCGDHparams
     compositions: ClassVar[tuple[str, ...]] = ("conditional",)
     roles: ClassVar[tuple[str, ...]] = ("inner", "outer")  # B and B'
     client_state: ClassVar[dict[str, Sync]] = {"x": Sync.ROUND, "y": Sync.ROUND, "v": Sync.ROUND}
@@ -253,7 +249,7 @@ class LocalSCGD(CompositionalUpdater[LocalSCGDHparams]):
         return y, grad(pulled)(state["x"]), loss
 
     def client_step(
-        self, state: State, batches: dict[str, Batch], ctx: Context, step: int
+        self, state: State, batches: dict[str, Batch], ctx: Context, step: StepInfo
     ) -> tuple[State, dict[str, Tensor]]:
         hp = self.hparams
         y, u, loss = self.direction(state, batches, ctx)
@@ -312,7 +308,6 @@ class CODAPlus(CompositionalUpdater[CODAHparams]):
     although a client needs it only once per stage.
     """
 
-    hparams_cls = CODAHparams
     compositions: ClassVar[tuple[str, ...]] = ("minimax",)
     client_state: ClassVar[dict[str, Sync]] = {"x": Sync.ROUND, "aux": Sync.ROUND}
     broadcast_keys: ClassVar[tuple[str, ...]] = ("x", "aux", "anchor", "scale")
@@ -325,7 +320,7 @@ class CODAPlus(CompositionalUpdater[CODAHparams]):
         return {"x": x, "aux": aux, "anchor": anchor, "scale": zero + 1}
 
     def client_step(
-        self, state: State, batches: dict[str, Batch], ctx: Context, step: int
+        self, state: State, batches: dict[str, Batch], ctx: Context, step: StepInfo
     ) -> tuple[State, dict[str, Tensor]]:
         hp = self.hparams
         obj = self.objective

@@ -1,13 +1,29 @@
-"""FedAvg (McMahan et al. 2017): local SGD on the empirical risk, x averaged every I steps."""
+"""FedAvg (McMahan et al. 2017): local SGD on the empirical risk, x averaged every I steps; and
+FedAvg with a server optimizer (Reddi et al. 2021, "Adaptive Federated Optimization",
+Algorithm 2; Hsu et al. 2019 for FedAvgM): FedAvgM, FedAdam, FedYogi.
+
+With a server optimizer the clients run FedAvg's local SGD from x, and the server takes the
+cohort's mean change Δ = mean_k x_k − x as minus a pseudo-gradient
+(:mod:`lit_fedco.core.server_opt`)::
+
+    FedAvgM   v ← β v + Δ,                                          x ← x + η v
+    FedAdam   m ← β₁ m + (1 − β₁) Δ,  v ← β₂ v + (1 − β₂) Δ²,         x ← x + η m / (√v + τ)
+    FedYogi   m as FedAdam,  v ← v − (1 − β₂) Δ² sign(v − Δ²),        x ← x + η m / (√v + τ)
+
+Any updater gets the same through the run's ``server_opt`` key (``server_opt.name=adam``).
+"""
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 from torch import Tensor
 from torch.func import grad_and_value
 
+from lit_fedco.core.protocol import StepInfo
 from lit_fedco.core.state import State, tree_axpy
 from lit_fedco.objectives.base import Batch, Context
-from lit_fedco.updaters.base import CompositionalUpdater, H, Hparams, register
+from lit_fedco.updaters.base import CompositionalUpdater, H, ServerOptHparams, combine, register
 
 
 @register("fedavg")
@@ -18,10 +34,76 @@ class FedAvg(CompositionalUpdater[H]):
     Algorithm 1 line 20, so that the two are compared on the same aggregation.
     """
 
-    hparams_cls = Hparams
-
     def client_step(
-        self, state: State, batches: dict[str, Batch], ctx: Context, step: int
+        self, state: State, batches: dict[str, Batch], ctx: Context, step: StepInfo
     ) -> tuple[State, dict[str, Tensor]]:
         g, loss = grad_and_value(lambda p: self.objective.value(p, batches, ctx))(state["x"])
-        return {"x": tree_axpy(-self.hparams.lr, g, state["x"])}, {"loss": loss}
+        return {**state, "x": tree_axpy(-self.hparams.lr, g, state["x"])}, {"loss": loss}
+
+
+@dataclass(frozen=True)
+class FedAvgMHparams(ServerOptHparams):
+    """FedAvgM (Hsu, Qi, Brown 2019): FedAvg with server momentum.
+
+    Attributes:
+        lr: η_l, the client step size.
+        server_lr: η, the server step size.
+        server_momentum: β, the server momentum (Hsu et al.: 0.9 ... 0.997).
+    """
+
+    server_momentum: float = 0.9
+
+    def validate(self) -> None:
+        super().validate()
+        self.require("server_momentum", 0 <= self.server_momentum < 1, "a float in [0, 1)",
+                     "0.9")  # fmt: skip
+
+
+@dataclass(frozen=True)
+class AdaptiveHparams(ServerOptHparams):
+    """FedAdam and FedYogi (Reddi et al. 2021, Algorithm 2).
+
+    Attributes:
+        lr: η_l, the client step size.
+        server_lr: η, the server step size (Reddi et al. tune it on {10^-3, ..., 10^1}).
+        beta1: β₁, the first-moment weight (Reddi et al.: 0.9).
+        beta2: β₂, the second-moment weight (Reddi et al.: 0.99).
+        tau: τ, the adaptivity (Reddi et al.: 1e-3).
+    """
+
+    server_lr: float = 0.01
+    beta1: float = 0.9
+    beta2: float = 0.99
+    tau: float = 1e-3
+
+    def validate(self) -> None:
+        super().validate()
+        self.require("beta1", 0 <= self.beta1 < 1, "a float in [0, 1) (β₁)", "0.9")
+        self.require("beta2", 0 <= self.beta2 < 1, "a float in [0, 1) (β₂)", "0.99")
+        self.require("tau", self.tau > 0, "a float > 0 (τ)", "0.001")
+
+
+FedAvgM = combine(
+    "fedavgm",
+    FedAvg,
+    hparams_cls=FedAvgMHparams,
+    server_optimizer="momentum",
+    doc="FedAvgM (Hsu et al. 2019): FedAvg's local SGD, server momentum on the mean change "
+    "Δ: ``v ← β v + Δ``, ``x ← x + η v``.",
+)
+FedAdam = combine(
+    "fedadam",
+    FedAvg,
+    hparams_cls=AdaptiveHparams,
+    server_optimizer="adam",
+    doc="FedAdam (Reddi et al. 2021, Algorithm 2): FedAvg's local SGD, Adam on the server "
+    "with the mean change Δ as minus the gradient, ``x ← x + η m / (√v + τ)``.",
+)
+FedYogi = combine(
+    "fedyogi",
+    FedAvg,
+    hparams_cls=AdaptiveHparams,
+    server_optimizer="yogi",
+    doc="FedYogi (Reddi et al. 2021, Algorithm 2): FedAdam with Yogi's second moment "
+    "``v ← v − (1 − β₂) Δ² sign(v − Δ²)``.",
+)

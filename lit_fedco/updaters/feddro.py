@@ -33,8 +33,9 @@ from torch import Tensor
 from torch.func import grad
 
 from lit_fedco.core.errors import ConfigError
-from lit_fedco.core.protocol import RoundContext, RoundInfo, Sync
-from lit_fedco.core.state import State, tree_axpy
+from lit_fedco.core.protocol import Probe, RoundContext, RoundInfo, StepInfo, Sync
+from lit_fedco.core.server_opt import sgd_step
+from lit_fedco.core.state import State, tree_axpy, tree_map
 from lit_fedco.objectives.base import Batch, Context, Params
 from lit_fedco.objectives.distributed import (
     DistributedObjective,
@@ -150,12 +151,12 @@ class DistributedUpdater(CompositionalUpdater[HD]):
         """:attr:`y_source`, overridable per instance (FedAvg-CO's case)."""
         return self.y_source
 
-    def round_context(self, server: State, info: RoundInfo, probes: Tensor | None) -> RoundContext:
+    def round_context(self, server: State, info: RoundInfo, probe: Probe) -> RoundContext:
         """The round's units (kept with y on the server), its starting inner estimate ``"y"``
         (see :attr:`y_source`) and, after the step-size drop, its step size. The probes are
         ``g_k(x̄; B'_k)`` in the objective's unit-free form, on step 0's value batch."""
         obj = self.obj
-        assert probes is not None  # a distributed objective always probes
+        probes = probe(lambda s, b: obj.probe(s["x"], b, {}))
         units = obj.units(probes)
         ctx = {**units, **self.step_size_context(server, info)}
         mode = self.y_mode
@@ -216,15 +217,14 @@ class FedDRO(DistributedUpdater[FedDROHparams]):
     ``mean_k g_k(x_k)`` at the current local points.
     """
 
-    hparams_cls = FedDROHparams
     client_state: ClassVar[dict[str, Sync]] = {"x": Sync.ROUND, "y": Sync.STEP}
 
     def client_step(
-        self, state: State, batches: dict[str, Batch], ctx: Context, step: int
+        self, state: State, batches: dict[str, Batch], ctx: Context, step: StepInfo
     ) -> tuple[State, dict[str, Tensor]]:
         hp = self.hparams
         x = state["x"]
-        ybar = ctx["y"] if step == 0 else state["y"]
+        ybar = ctx["y"] if step.first else state["y"]
         u, loss = self.direction(x, ybar, batches["grad"], ctx)
         x_new = tree_axpy(-self.step_size(ctx), u, x)
         g_old = self.inner_value(x, batches["value"], ctx)
@@ -256,19 +256,28 @@ class DSFedDRO(DistributedUpdater[DSFedDROHparams]):
     γ_x = γ_y = 1 is plain averaging. Nothing is communicated between syncs.
     """
 
-    hparams_cls = DSFedDROHparams
-    server_steps: ClassVar[dict[str, str]] = {"x": "gamma_x", "y": "gamma_y"}
-
     def client_step(
-        self, state: State, batches: dict[str, Batch], ctx: Context, step: int
+        self, state: State, batches: dict[str, Batch], ctx: Context, step: StepInfo
     ) -> tuple[State, dict[str, Tensor]]:
         hp = self.hparams
         x = state["x"]
-        y = ctx["y"] if step == 0 else state["y"]
+        y = ctx["y"] if step.first else state["y"]
         u, loss = self.direction(x, y, batches["grad"], ctx)
         x_new = tree_axpy(-self.step_size(ctx), u, x)
         y_new = (1 - hp.beta) * y + hp.beta * self.inner_value(x_new, batches["value"], ctx)
         return {"x": x_new, "y": y_new}, {"loss": loss}
+
+    def server_update(
+        self, server: State, mean: State, ctx: RoundContext, info: RoundInfo
+    ) -> State:
+        """Algorithm 3, step 7: x and y move from where the clients started, e₀ (what the round
+        context broadcast, else the server's), by γ towards the mean: a server SGD step of size
+        γ on the pseudo-gradient e₀ − mean (:func:`~lit_fedco.core.server_opt.sgd_step`)."""
+        new = super().server_update(server, mean, ctx, info)
+        for key, gamma in (("x", self.hparams.gamma_x), ("y", self.hparams.gamma_y)):
+            start = ctx.broadcast.get(key, server.get(key))
+            new[key] = tree_map(lambda e, m: sgd_step(e, e - m, gamma), start, mean[key])
+        return new
 
 
 @register("fedavg_co")
@@ -285,17 +294,15 @@ class FedAvgCO(DistributedUpdater[FedAvgCOHparams]):
     every step instead would be FedDRO with β = 1 (Theorem 4.2).
     """
 
-    hparams_cls = FedAvgCOHparams
-
     @property
     def y_mode(self) -> str:
         return "carried" if self.hparams.case == "II" else "none"
 
     def client_step(
-        self, state: State, batches: dict[str, Batch], ctx: Context, step: int
+        self, state: State, batches: dict[str, Batch], ctx: Context, step: StepInfo
     ) -> tuple[State, dict[str, Tensor]]:
         x = state["x"]
-        if step > 0:
+        if not step.first:
             y = state["y"]
         elif self.y_mode == "carried":
             y = ctx["y"]
@@ -305,9 +312,10 @@ class FedAvgCO(DistributedUpdater[FedAvgCOHparams]):
         x_new = tree_axpy(-self.step_size(ctx), u, x)
         return {"x": x_new, "y": self.inner_value(x_new, batches["value"], ctx)}, {"loss": loss}
 
-    def upload(self, state: State) -> State:
-        """x, and in case II y (case I restarts every round from the clients' own values)."""
-        return {"x": state["x"], "y": state["y"]} if self.y_mode == "carried" else {"x": state["x"]}
+    def client_end(self, state: State, start: State, ctx: Context, steps: Tensor) -> State:
+        """Case II uploads x and y; case I only x (it restarts every round from the clients'
+        own values), so its y is not kept for the upload."""
+        return state if self.y_mode == "carried" else {"x": state["x"]}
 
 
 @dataclass(frozen=True)
@@ -361,12 +369,11 @@ class MBSGD(DistributedUpdater[MBSGDHparams]):
     (``mbsgd.local_steps = 1``, whatever the run's ``local_steps``).
     """
 
-    hparams_cls = MBSGDHparams
     client_state: ClassVar[dict[str, Sync]] = {"x": Sync.ROUND}
     y_source = "fresh"
 
     def client_step(
-        self, state: State, batches: dict[str, Batch], ctx: Context, step: int
+        self, state: State, batches: dict[str, Batch], ctx: Context, step: StepInfo
     ) -> tuple[State, dict[str, Tensor]]:
         u, loss = self.direction(state["x"], ctx["y"], batches["grad"], ctx)
         return {"x": tree_axpy(-self.step_size(ctx), u, state["x"])}, {"loss": loss}

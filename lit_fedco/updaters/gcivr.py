@@ -53,7 +53,7 @@ import torch
 from torch import Tensor, nn
 from torch.func import jacrev
 
-from lit_fedco.core.protocol import RoundContext, RoundInfo, Sync
+from lit_fedco.core.protocol import Probe, RoundContext, RoundInfo, StepInfo, Sync
 from lit_fedco.core.state import State, tree_axpy, tree_map
 from lit_fedco.objectives.base import Batch, Context, Objective, Params
 from lit_fedco.updaters.base import register
@@ -117,7 +117,6 @@ class GCIVR(DistributedUpdater[GCIVRHparams]):
     m·b rows (J m·b at a refresh).
     """
 
-    hparams_cls = GCIVRHparams
     client_state: ClassVar[dict[str, Sync]] = {"y": Sync.ROUND, "J": Sync.ROUND, "v": Sync.ROUND}
     y_source = "none"
 
@@ -125,23 +124,17 @@ class GCIVR(DistributedUpdater[GCIVRHparams]):
         super().__init__(hparams, model, objective)
         self.batch_roles = tuple(f"part{j}" for j in range(hparams.refresh_batches))
 
-    @property
-    def probes(self) -> bool:
-        """No probe: the estimators are the server's, in the objective's raw units."""
-        return False
-
-    def refresh(self, info: RoundInfo) -> bool:
-        """Whether round ``info.round`` restarts the estimators from a large batch."""
-        return info.round % self.hparams.q == 0
+    def refresh(self, round_idx: int) -> bool:
+        """Whether round ``round_idx`` restarts the estimators from a large batch."""
+        return round_idx % self.hparams.q == 0
 
     def init_client(self, server: State, info: RoundInfo) -> State:
-        """x, and outside refresh rounds the previous iterate x_{r−1} too."""
-        if self.refresh(info):
-            return {"x": server["x"]}
-        return {"x": server["x"], "x_prev": server["x_prev"]}
+        """Besides x, outside refresh rounds the previous iterate x_{r−1}."""
+        return {} if self.refresh(info.round) else {"x_prev": server["x_prev"]}
 
-    def round_context(self, server: State, info: RoundInfo, probes: Tensor | None) -> RoundContext:
-        """The step size, after its drop (nothing else is broadcast)."""
+    def round_context(self, server: State, info: RoundInfo, probe: Probe) -> RoundContext:
+        """The step size, after its drop (nothing else is broadcast; nothing is probed: the
+        estimators are the server's, in the objective's raw units)."""
         return RoundContext(broadcast=dict(self.step_size_context(server, info)))
 
     # ------------------------------------------------------------------ client side
@@ -162,10 +155,10 @@ class GCIVR(DistributedUpdater[GCIVRHparams]):
         return g, {k: v[:p] for k, v in jac.items()}, {k: v[p] for k, v in jac.items()}, loss
 
     def client_step(
-        self, state: State, batches: dict[str, Batch], ctx: Context, step: int
+        self, state: State, batches: dict[str, Batch], ctx: Context, step: StepInfo
     ) -> tuple[State, dict[str, Tensor]]:
         x = state["x"]
-        if "x_prev" not in state:  # a refresh: the large batch S₁, all J parts
+        if self.refresh(step.round):  # the large batch S₁, all J parts
             parts = [batches[role] for role in self.batch_roles]
             batch = {key: torch.cat([b[key] for b in parts]) for key in parts[0]}
             g, jac, gh, loss = self.pieces(x, batch, ctx)
@@ -182,7 +175,7 @@ class GCIVR(DistributedUpdater[GCIVRHparams]):
     ) -> State:
         """The estimators (restarted or advanced by the cohort means), then the step."""
         keys = ("y", "J", "v")
-        if self.refresh(info):
+        if self.refresh(info.round):
             est = {k: mean[k] for k in keys}
         else:
             est = {k: tree_map(civr_estimate, server[k], mean[k]) for k in keys}

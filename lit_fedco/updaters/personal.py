@@ -25,7 +25,7 @@ from torch.func import grad
 
 from lit_fedco.core.errors import ConfigError
 from lit_fedco.core.models import BATCH_STATISTICS_MODELS
-from lit_fedco.core.protocol import RoundInfo, Sync
+from lit_fedco.core.protocol import RoundInfo, StepInfo, Sync
 from lit_fedco.core.state import State, tree_axpy, tree_sub
 from lit_fedco.objectives.base import Batch, Context, Objective
 from lit_fedco.objectives.maml import per_fedavg_direction
@@ -58,7 +58,6 @@ class FedMAMLHparams(Hparams):
 class FedMAML(FedAvg[FedMAMLHparams]):
     """FedMAML / Per-FedAvg: local meta-steps on the MAML composition (module docstring)."""
 
-    hparams_cls = FedMAMLHparams
     compositions: ClassVar[tuple[str, ...]] = ("local",)
     default_problem: ClassVar[str] = "pfl"
     unvmappable_models: ClassVar[frozenset[str]] = BATCH_STATISTICS_MODELS
@@ -93,7 +92,7 @@ class FedMAML(FedAvg[FedMAMLHparams]):
         return self.hparams.hessian == "independent" and not meta.first_order
 
     def client_step(
-        self, state: State, batches: dict[str, Batch], ctx: Context, step: int
+        self, state: State, batches: dict[str, Batch], ctx: Context, step: StepInfo
     ) -> tuple[State, dict[str, Tensor]]:
         if not self._independent:  # the gradient of the task's MAML loss (FedAvg's step on it)
             return super().client_step(state, batches, ctx, step)
@@ -130,22 +129,23 @@ class DittoHparams(Hparams):
 
 @register("ditto")
 class Ditto(FedAvg[DittoHparams]):
-    """Ditto: FedAvg for the global model, a persistent personal model per client (kept as
-    ``"personal"``: each client is evaluated with it)."""
+    """Ditto: FedAvg for the global model, a persistent personal model per client (the kept
+    entry ``"personal"``, declared as the :attr:`personal_key`: each client is evaluated with
+    it)."""
 
-    hparams_cls = DittoHparams
     compositions: ClassVar[tuple[str, ...]] = ("erm",)
     client_state: ClassVar[dict[str, Sync]] = {
         "x": Sync.ROUND, "anchor": Sync.LOCAL, "personal": Sync.KEEP
     }  # fmt: skip
+    personal_key: ClassVar[str] = "personal"
 
     def init_client(self, server: State, info: RoundInfo) -> State:
-        """x and the anchor w are the broadcast model (sent once); the personal model v comes
+        """The anchor w is the broadcast model (sent once, with x); the personal model v comes
         from the client's own store (the initial model before its first round)."""
-        return {"x": server["x"], "anchor": server["x"], "personal": server["x"]}
+        return {"anchor": server["x"], "personal": server["x"]}
 
     def client_step(
-        self, state: State, batches: dict[str, Batch], ctx: Context, step: int
+        self, state: State, batches: dict[str, Batch], ctx: Context, step: StepInfo
     ) -> tuple[State, dict[str, Tensor]]:
         hp = self.hparams
         new, logs = super().client_step(state, batches, ctx, step)

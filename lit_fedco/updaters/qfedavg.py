@@ -25,12 +25,12 @@ from typing import ClassVar
 
 import torch
 from torch import Tensor
-from torch.func import grad_and_value
 
-from lit_fedco.core.protocol import RoundContext, RoundInfo
-from lit_fedco.core.state import State, tree_axpy, tree_leaves, tree_map, tree_scale, tree_sub
+from lit_fedco.core.protocol import RoundContext, RoundInfo, StepInfo, Sync
+from lit_fedco.core.state import State, tree_leaves, tree_map, tree_scale, tree_sub
 from lit_fedco.objectives.base import Batch, Context
-from lit_fedco.updaters.base import CompositionalUpdater, Hparams, register
+from lit_fedco.updaters.base import Hparams, register
+from lit_fedco.updaters.fedavg import FedAvg
 
 LOSS_FLOOR = 1e-10
 """F_k is clamped to at least this before the powers F^q and F^{q−1} (the reference code adds
@@ -55,36 +55,33 @@ class QFedAvgHparams(Hparams):
 
 
 @register("qfedavg")
-class QFedAvg(CompositionalUpdater[QFedAvgHparams]):
+class QFedAvg(FedAvg[QFedAvgHparams]):
     """q-FedAvg: local SGD ``x ← x − η ∇ℓ(x; B)`` for I steps, then the q-FFL server step.
 
-    Each client keeps the broadcast point ``x0 = x̄`` and, from its first local step, its loss
-    ``F`` there (the step-0 minibatch loss, which that step computes anyway). It uploads
-    ``Δ = F^q L (x̄ − x)`` and ``h = q F^{q−1} ‖L (x̄ − x)‖² + L F^q``; the server moves
+    Each client records, at its first local step, its loss ``F`` at the broadcast point x̄
+    (the step-0 minibatch loss, which that step computes anyway). At the end of the round it
+    uploads ``Δ = F^q L (x̄ − x)`` and ``h = q F^{q−1} ‖L (x̄ − x)‖² + L F^q``; the server moves
     ``x̄ ← x̄ − mean Δ / mean h`` (the paper's ratio of sums over the cohort).
     """
 
-    hparams_cls = QFedAvgHparams
     compositions: ClassVar[tuple[str, ...]] = ("erm",)
-
-    def init_client(self, server: State, info: RoundInfo) -> State:
-        return {"x": server["x"], "x0": server["x"]}
+    client_state: ClassVar[dict[str, Sync]] = {"delta": Sync.ROUND, "h": Sync.ROUND}
 
     def client_step(
-        self, state: State, batches: dict[str, Batch], ctx: Context, step: int
+        self, state: State, batches: dict[str, Batch], ctx: Context, step: StepInfo
     ) -> tuple[State, dict[str, Tensor]]:
-        g, loss = grad_and_value(lambda p: self.objective.value(p, batches, ctx))(state["x"])
-        new = {**state, "x": tree_axpy(-self.hparams.lr, g, state["x"])}
-        if step == 0:  # the loss at the broadcast point x̄ (a Python int: fine inside vmap)
-            new["F"] = loss
-        return new, {"loss": loss}
+        new, logs = super().client_step(state, batches, ctx, step)
+        if step.first:  # the loss at the broadcast point x̄
+            new["F"] = logs["loss"]
+        return new, logs
 
-    def upload(self, state: State) -> State:
+    def client_end(self, state: State, start: State, ctx: Context, steps: Tensor) -> State:
+        """Δ and h from the round's change L (x̄ − x) and F (Algorithm 2, lines 6–8)."""
         hp = self.hparams
         q, lip = hp.q, 1.0 / hp.lr
         log_f = torch.log(state["F"].clamp_min(LOSS_FLOOR))
         f_q = torch.exp(q * log_f)
-        dw = tree_scale(lip, tree_sub(state["x0"], state["x"]))
+        dw = tree_scale(lip, tree_sub(start["x"], state["x"]))
         h = lip * f_q
         if q > 0:  # a hyperparameter, not a tensor value; at q = 0 the term is exactly 0
             sq_norm = sum((d * d).sum() for d in tree_leaves(dw))
@@ -94,5 +91,6 @@ class QFedAvg(CompositionalUpdater[QFedAvgHparams]):
     def server_update(
         self, server: State, mean: State, ctx: RoundContext, info: RoundInfo
     ) -> State:
+        """``x̄ ← x̄ − mean Δ / mean h`` (Algorithm 2, line 10)."""
         h = mean["h"]
         return {"x": tree_map(lambda x, d: x - d / h, server["x"], mean["delta"])}

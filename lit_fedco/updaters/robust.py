@@ -6,11 +6,11 @@ Both solve ``min_x max_{λ ∈ Δ_K} Σ_k λ_k L_k(x)`` (DRFL with the client's 
 TR-MAML with its post-adaptation MAML loss) by alternating local SGD on x with projected
 gradient ascent on λ. One round::
 
-    server broadcasts x̄, and sends client k its own λ_k
+    server broadcasts x̄
     client k: F_k = L_k(x̄; B₀)                    # the probe, one float per client
               I local steps x_k ← x_k − η ∇L_k(x_k; B_t)
-              uploads λ_k x_k and λ_k
-    server:   x̄ ← Σ_{k∈C} λ_k x_k / Σ_{k∈C} λ_k     # weighted aggregation
+              uploads x_k
+    server:   x̄ ← Σ_{k∈C} λ_k x_k / Σ_{k∈C} λ_k     # weighted aggregation (the round's weights)
               λ ← Π_Δ(λ + γ_λ (K/m) F_C)            # F_C: F_k on the cohort, 0 elsewhere
 
 (K/m) F_C is the unbiased estimate of the full loss vector under uniform sampling of m of K
@@ -25,12 +25,11 @@ from typing import ClassVar
 
 import torch
 from torch import Tensor
-from torch.func import grad_and_value
 
-from lit_fedco.core.protocol import RoundContext, RoundInfo
-from lit_fedco.core.state import State, tree_axpy, tree_map, tree_scale
-from lit_fedco.objectives.base import Batch, Context
-from lit_fedco.updaters.base import CompositionalUpdater, Hparams, combine, register
+from lit_fedco.core.protocol import Probe, RoundContext, RoundInfo
+from lit_fedco.core.state import State
+from lit_fedco.updaters.base import Hparams, combine, register
+from lit_fedco.updaters.fedavg import FedAvg
 
 
 def project_simplex(v: Tensor) -> Tensor:
@@ -65,13 +64,11 @@ class DRFLHparams(Hparams):
 
 
 @register("drfl")
-class DRFL(CompositionalUpdater[DRFLHparams]):
-    """DRFL: local SGD, λ-weighted aggregation, projected ascent on λ (module docstring)."""
+class DRFL(FedAvg[DRFLHparams]):
+    """DRFL: FedAvg's local SGD, λ-weighted aggregation, projected ascent on λ (module
+    docstring)."""
 
-    hparams_cls = DRFLHparams
     compositions: ClassVar[tuple[str, ...]] = ("erm",)
-    needs_probe: ClassVar[bool] = True  # F_k, the loss at the broadcast point
-    weights_key: ClassVar[str] = "lam"
 
     def init_server(self, params: dict[str, Tensor], num_clients: int) -> State:
         """x⁰ and uniform weights λ = 1/K."""
@@ -81,39 +78,29 @@ class DRFL(CompositionalUpdater[DRFLHparams]):
             "lam": ref.new_full((num_clients,), 1.0 / num_clients),
         }
 
-    def round_context(self, server: State, info: RoundInfo, probes: Tensor | None) -> RoundContext:
-        """Each cohort client receives its own λ_k; the cohort's losses, placed in a K-vector
-        and scaled by K/m, stay on the server for the ascent step; λ is logged."""
-        assert probes is not None
+    def round_context(self, server: State, info: RoundInfo, probe: Probe) -> RoundContext:
+        """The cohort's losses F_k at the broadcast point (probed), placed in a K-vector and
+        scaled by K/m, stay on the server for the ascent step; the server weights the uploads
+        by the cohort's λ_k; λ is logged."""
+        losses_c = probe(lambda s, b: self.objective.value(s["x"], b, {}))
         lam, cohort = server["lam"], info.cohort.to(server["lam"].device)
-        losses = lam.new_zeros(lam.shape).index_copy(0, cohort, probes)
+        losses = lam.new_zeros(lam.shape).index_copy(0, cohort, losses_c)
         scale = lam.new_tensor(len(lam) / len(cohort))
         return RoundContext(
-            per_client={"lam": lam[cohort]},
-            server={"ascent": scale * losses},
-            logged={"weights": lam},
+            server={"ascent": scale * losses}, logged={"weights": lam}, weights=lam[cohort]
         )
-
-    def client_step(
-        self, state: State, batches: dict[str, Batch], ctx: Context, step: int
-    ) -> tuple[State, dict[str, Tensor]]:
-        g, loss = grad_and_value(lambda p: self.objective.value(p, batches, ctx))(state["x"])
-        return {**state, "x": tree_axpy(-self.hparams.lr, g, state["x"])}, {"loss": loss}
-
-    def upload(self, state: State) -> State:
-        """``λ_k x_k`` and ``λ_k``: their cohort means give the weighted average."""
-        w = state["lam"]
-        return {"x": tree_scale(w, state["x"]), "w": w}
 
     def server_update(
         self, server: State, mean: State, ctx: RoundContext, info: RoundInfo
     ) -> State:
-        """Weighted aggregation, then ``λ ← Π_Δ(λ + γ_λ (K/m) F_C)``. A cohort whose weights
-        are all 0 leaves x̄ where it was (server side: no vmap, a Python test is fine)."""
-        w = mean["w"]
-        x = tree_map(lambda t: t / w, mean["x"]) if float(w) > 0 else server["x"]
+        """x̄: the λ-weighted mean (the server's x when the cohort's weights are all 0), then
+        ``λ ← Π_Δ(λ + γ_λ (K/m) F_C)``."""
         lam = project_simplex(server["lam"] + self.hparams.lam_lr * ctx.server["ascent"])
-        return {**server, "x": x, "lam": lam}
+        return {**server, **mean, "lam": lam}
+
+    def client_weights(self, server: State, losses: Tensor) -> Tensor | None:
+        """The explicit weights λ (logged at evaluation)."""
+        return server["lam"]
 
 
 TRMAML = combine(

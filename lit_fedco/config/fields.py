@@ -1,0 +1,229 @@
+"""The run's configuration as typed dataclasses: the schema behind ``schema.json``.
+
+Every key is typed by a dataclass: the run's :class:`RunConfig` (with its nodes ``data``,
+``model``, ``failures``, ``server_opt``, ``pretrain``) and, under their names, every registered
+updater's hyperparameters and every registered problem's parameters (:func:`schema`). The
+catalog the command line reads (:mod:`lit_fedco.config.catalog`) is generated from them;
+range checks run when the dataclasses are built (:func:`lit_fedco.config.load.node_params`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from omegaconf import DictConfig, OmegaConf
+
+from lit_fedco.core.server_opt import ServerOptConfig
+from lit_fedco.engine.failures import Failures
+from lit_fedco.problems import available_problems, get_problem
+from lit_fedco.updaters.base import available_updaters, get_updater
+
+
+@dataclass
+class DataConfig:
+    """The data set and its federated split (``lit_fedco.data``).
+
+    Attributes:
+        name: ``digits`` (embedded, scikit-learn), ``mnist`` or ``fashion_mnist`` (local files),
+            a step-imbalanced ``digits_st``, ``cifar10_st``, ``cifar100_st``, or ``adult``
+            (UCI Adult, embedded; targets carry the protected group, ``protected``).
+        data_dir: folder with the IDX files for mnist / fashion_mnist, or with
+            ``cifar-10-batches-py/`` / ``cifar-100-python/`` for CIFAR, or with
+            ``adult.data[.gz]`` and ``adult.test[.gz]`` for adult (empty: the embedded copy).
+        partition: ``quantity`` (ComFedL: one big client, K−1 small ones), ``iid``,
+            ``dirichlet`` or ``dominant_class`` (``*_st`` and ``adult``: ``iid`` or
+            ``dirichlet``).
+        num_clients: K.
+        big: training samples of the big client (quantity split; the paper: 5000).
+        small: training samples of each small client (the paper: 20).
+        small_classes: classes each small client draws from (0: all; label imbalance).
+        alpha: Dirichlet concentration (dirichlet split).
+        rho: fraction of a client's data from its dominant class (dominant_class split).
+        val_per_client: validation samples per client, drawn with its class proportions
+            (class-balanced for the step-imbalanced ``*_st`` sources).
+        imbalance_ratio: ρ ≥ 1 of the step-imbalanced sources ``digits_st``, ``cifar10_st``,
+            ``cifar100_st`` (``lit_fedco.data.cifar``): the last half of the classes keep
+            1/ρ of their training images; ignored by the other sources.
+        val_mode: ``client`` (``val_per_client`` samples drawn with the client's class
+            proportions) or ``all`` (the whole held-out set, unchanged, split evenly).
+        binary: relabel classes [0, C/2) as 0 (negative) and [C/2, C) as 1 (FCSG §5.3).
+        drop_positive: fraction of training positives removed (binary; FCSG §5.3: 0.8).
+        dim: d, features of the synthetic ``invariant_logreg`` source (FCSG §5.1: 10).
+        sigma1: σ₁, the scale of a ~ N(0, σ₁² I) in ``invariant_logreg``.
+        train_per_client: outer samples ξ = (a, b) per client in ``invariant_logreg``.
+        rotations: few-shot sources (partition ``classes``): copies of each class rotated by
+            multiples of 90° count as new classes (MAML's Omniglot augmentation).
+        classes_per_client: partition ``classes``: classes each client draws its tasks from
+            (0: a disjoint share of the training classes).
+        heldout_classes: partition ``classes`` on ``digits``: base classes kept for the
+            evaluation tasks (Omniglot uses its 1028/172/423 split).
+        protected: ``adult``'s protected attribute, ``sex`` (2 groups) or ``race`` (5).
+    """
+
+    name: str = "digits"
+    data_dir: str = ""
+    partition: str = "quantity"
+    num_clients: int = 10
+    big: int = 1000
+    small: int = 20
+    small_classes: int = 0
+    alpha: float = 0.5
+    rho: float = 0.28
+    val_per_client: int = 100
+    imbalance_ratio: float = 10.0
+    val_mode: str = "client"
+    binary: bool = False
+    drop_positive: float = 0.0
+    dim: int = 10
+    sigma1: float = 1.0
+    train_per_client: int = 5000
+    rotations: int = 1
+    classes_per_client: int = 0
+    heldout_classes: int = 3
+    protected: str = "sex"
+
+
+@dataclass
+class ModelConfig:
+    """The network (``lit_fedco.core.models``).
+
+    Attributes:
+        name: ``logreg`` (multinomial logistic regression), ``mlp`` (tanh, ``hidden``),
+            ``resnet20``, ``linear`` (a score without bias), ``cnn`` (a small CNN, ``hidden``
+            units) or ``conv4`` (MAML's four-layer CNN, ``hidden`` filters).
+        hidden: hidden units (``mlp``, ``cnn``) or filters (``conv4``).
+    """
+
+    name: str = "logreg"
+    hidden: int = 64
+
+
+@dataclass
+class PretrainConfig:
+    """A pre-training phase (:mod:`lit_fedco.experiment.pretrain`), run once per seed before the
+    methods; every method of that seed starts from its final model.
+
+    Attributes:
+        rounds: communication rounds of the pre-training; 0: none (every method starts from
+            its own seeded initialisation, or from ``init_from``).
+        updater: the updater that pre-trains, on the run's problem: ``fedavg`` trains the
+            problem's ``erm`` objective (cross-entropy; on ``auprc`` the logistic loss of the
+            score). Its other hyperparameters come from its own config node.
+        lr: the pre-training's step size (it replaces ``<updater>.lr`` for the pre-training
+            only).
+    """
+
+    rounds: int = 0
+    updater: str = "fedavg"
+    lr: float = 0.05
+
+
+@dataclass
+class RunConfig:
+    """A recipe's run: schedule, execution, tracking. Symbols as in the papers (S, I, m, b, E).
+
+    Attributes:
+        updaters: the algorithms to run, in order (``updater=NAME`` runs just one).
+        seed: seeds model init, cohorts and minibatches; ``seeds`` runs several.
+        seeds: run every updater once per seed and report mean ± std (overrides ``seed``).
+        rounds: S, the communication rounds.
+        local_steps: I, the local steps per round (an updater's own ``local_steps``, when set,
+            wins).
+        cohort: m, the clients sampled per round.
+        batch_size: b, the minibatch size per client and local step.
+        eval_every: E, evaluate every E rounds (and after the last round).
+        executor: ``auto`` (``sequential`` for ResNet-20 on the CPU, ``vectorized``
+            otherwise, as measured; the run's ``config.yaml`` records the choice),
+            ``vectorized`` (vmap over clients) or ``sequential`` (a loop).
+        chunk_size: clients per vmap call (0: all of a rank's cohort at once).
+        dtype: ``float32`` or ``float64``.
+        accelerator / devices / num_nodes / strategy: passed to ``lightning.fabric.Fabric``.
+        tracking: any of ``wandb``, ``csv``; ``[none]`` logs nothing.
+        out_dir: runs go to ``<out_dir>/<recipe>/<run_name>/`` (config, metrics, W&B runs,
+            checkpoints, results; :mod:`lit_fedco.experiment.rundir`).
+        run_name: the run's folder name; empty: the start time (``20261124-093000``).
+        project: the W&B project.
+        progress: show a progress bar.
+        threads: torch's intra-op CPU threads per process (0: torch's default). Small models
+            run fastest with 1: their operations are too small to split, and idle threads
+            spinning on a shared machine slow every step.
+        checkpoint_every: write a checkpoint every this many rounds (and after the last round,
+            and on SIGTERM / SIGINT); 0: only then.
+        checkpoint_keep: checkpoints kept per (updater, seed), the newest.
+        resume: ``auto`` (continue the run ``run_name`` from its newest valid checkpoints) or a
+            checkpoint file (one updater, one seed); empty: a new run.
+        objective: a registered problem (``client_dro``, ``sample_dro``, ``pfl``,
+            ``invariant_logreg``, ``auprc``, ``maml``, ``fairness``) whose objectives every
+            updater trains, with its parameters under its name; empty: each updater's default
+            problem (``client_dro`` for ComFedL, ``sample_dro`` for the FedDRO family, ``pfl``
+            for the MAML methods) or plain empirical risk.
+        plugins: modules of your own to import before the run (``plugins=[my_lab.methods]``):
+            the updaters and problems they register can then be named; ``updater=module:Class``
+            adds its module here itself.
+        variants: run everything once per entry, each a space-separated list of
+            ``key=value`` overrides applied after the command line (e.g.
+            ``"invariant_logreg.m=100"``); empty: one run of the config as it is.
+        failures: simulated client failures (:class:`~lit_fedco.engine.failures.Failures`):
+            ``failures.drop=p`` (a sampled client drops out before uploading) and
+            ``failures.partial=p`` (a client completes only some of its local steps).
+        server_opt: a server optimizer for every updater that has none of its own
+            (:class:`~lit_fedco.core.server_opt.ServerOptConfig`): ``server_opt.name=adam``
+            (or ``sgd``, ``momentum``, ``adagrad``, ``yogi``, a ``torch.optim`` class) with
+            ``server_opt.lr`` (η) etc.; the round's change of the model is its pseudo-gradient
+            (Reddi et al. 2021). Empty name: none.
+        init_from: a lit_fedco checkpoint (``.ckpt``: any sub-run's, or a pre-training's
+            ``pretrained.ckpt``) whose model parameters (the server's ``x``) every method, and
+            the pre-training, start from; empty: the model's seeded initialisation.
+        pretrain: a pre-training phase run once per seed before the methods
+            (:class:`PretrainConfig`; ``pretrain.rounds=0``: none).
+    """
+
+    updaters: list[str] = field(default_factory=lambda: ["fedavg"])
+    seed: int = 0
+    seeds: list[int] = field(default_factory=list)
+    rounds: int = 100
+    local_steps: int = 5
+    cohort: int = 10
+    batch_size: int = 16
+    eval_every: int = 10
+    executor: str = "auto"
+    chunk_size: int = 0
+    dtype: str = "float32"
+    accelerator: str = "cpu"
+    devices: int = 1
+    num_nodes: int = 1
+    strategy: str = "auto"
+    tracking: list[str] = field(default_factory=lambda: ["wandb", "csv"])
+    out_dir: str = "runs"
+    project: str = "lit_fedco"
+    progress: bool = True
+    threads: int = 0
+    run_name: str = ""
+    checkpoint_every: int = 10
+    checkpoint_keep: int = 3
+    resume: str = ""
+    objective: str = ""
+    plugins: list[str] = field(default_factory=list)
+    variants: list[str] = field(default_factory=list)
+    data: DataConfig = field(default_factory=DataConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    failures: Failures = field(default_factory=Failures)
+    server_opt: ServerOptConfig = field(default_factory=ServerOptConfig)
+    init_from: str = ""
+    pretrain: PretrainConfig = field(default_factory=PretrainConfig)
+
+
+def schema() -> DictConfig:
+    """The full typed schema: :class:`RunConfig` plus one node per registered updater."""
+    cfg = OmegaConf.structured(RunConfig)
+    OmegaConf.set_struct(cfg, False)
+    for name in available_updaters():
+        node = OmegaConf.structured(get_updater(name).hparams_cls)
+        OmegaConf.set_readonly(node, False)  # frozen dataclasses come in read-only
+        cfg[name] = node
+    for name in available_problems():  # each problem's parameters under its name
+        node = OmegaConf.structured(get_problem(name).params_cls)
+        OmegaConf.set_readonly(node, False)
+        cfg[name] = node
+    OmegaConf.set_struct(cfg, True)
+    return cfg

@@ -1,0 +1,140 @@
+"""A researcher's own updaters and problems, brought in by module path from any recipe.
+
+``updater=my_lab.methods:Scaffold`` imports ``my_lab.methods`` and runs its class ``Scaffold``
+(registered under the name its ``@lit_fedco.register`` gave it, or, undecorated, under its
+class name in snake case: ``scaffold``); ``plugins=[my_lab.methods]`` imports the module so that
+the updaters and problems it registers can be named (``updaters=[my_scaffold,fedavg]``).
+Nothing inside lit_fedco is edited or regenerated: ``--help`` describes the imported classes
+from their dataclasses. The modules are found on ``sys.path``: the current folder when a
+recipe runs as ``python -m lit_fedco.recipes.<name>``, ``PYTHONPATH``, or an installed package.
+
+The run's config records every module in ``plugins`` and each class by its registered name,
+so that ``config.yaml``, a resume and the processes Fabric starts import the same code.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import re
+import traceback
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+from lit_fedco.config.parser import CommandLine, is_ref
+from lit_fedco.core.errors import ConfigError
+
+
+def _import(module: str, key: str) -> Any:
+    """Import ``module``; a missing module or an error inside it is one line naming it."""
+    try:
+        return importlib.import_module(module)
+    except ModuleNotFoundError as err:
+        if err.name is not None and (module == err.name or module.startswith(f"{err.name}.")):
+            raise ConfigError(
+                f"{key}: cannot import module {module!r} ({err}); run from the folder that "
+                "holds it, put that folder on PYTHONPATH, or install the package",
+                key=key,
+            ) from None
+        raise _failed(module, key, err) from None
+    except Exception as err:  # the user's module raised while it was imported
+        raise _failed(module, key, err) from None
+
+
+def _failed(module: str, key: str, err: BaseException) -> ConfigError:
+    """One line for a module that raised on import: the error and where it was raised."""
+    frames = traceback.extract_tb(err.__traceback__)
+    where = f" at {frames[-1].filename}:{frames[-1].lineno}" if frames else ""
+    if isinstance(err, SyntaxError):
+        where = f" at {err.filename}:{err.lineno}"
+    first = (str(err).splitlines() or [""])[0][:200]
+    return ConfigError(
+        f"{key}: importing module {module!r} failed ({type(err).__name__}: {first}{where}); "
+        "fix the module",
+        key=key,
+    )
+
+
+def snake(name: str) -> str:
+    """``MyScaffold`` → ``my_scaffold`` (the name an undecorated class is registered under)."""
+    return re.sub(r"(?<=[a-z0-9])(?=[A-Z])|(?<=[A-Z])(?=[A-Z][a-z])", "_", name).lower()
+
+
+def resolve_class(ref: str) -> str:
+    """Import ``module:Class`` and return the name the updater class is registered under
+    (registering it under :func:`snake` of its class name if it is not yet).
+
+    Raises:
+        ConfigError: a missing module or class, or a class that is not an updater.
+    """
+    from lit_fedco.updaters.base import _REGISTRY, CompositionalUpdater, register
+
+    module_name, _, class_name = ref.partition(":")
+    module = _import(module_name, "updater")
+    cls = getattr(module, class_name, None)
+    if cls is None:
+        found = sorted(
+            k for k, v in vars(module).items()
+            if isinstance(v, type) and issubclass(v, CompositionalUpdater)
+            and v.__module__ == module.__name__
+        )  # fmt: skip
+        raise ConfigError(
+            f"updater: module {module_name!r} has no class {class_name!r} (its updaters: "
+            f"{', '.join(found) or 'none'}); name one of them, e.g. "
+            f"updater={module_name}:{found[0] if found else 'MyUpdater'}",
+            key="updater",
+        )
+    if not (isinstance(cls, type) and issubclass(cls, CompositionalUpdater)):
+        raise ConfigError(
+            f"updater: {ref!r} is a {type(cls).__name__}, expected a subclass of "
+            "lit_fedco.CompositionalUpdater",
+            key="updater",
+        )
+    if cls.name and _REGISTRY.get(cls.name) is cls:
+        return cls.name
+    name = snake(cls.__name__)
+    try:
+        register(name)(cls)
+    except (ConfigError, TypeError) as err:
+        raise ConfigError(f"updater: {ref!r} cannot be registered as {name!r}: {err}",
+                          key="updater") from None  # fmt: skip
+    return name
+
+
+def import_plugins(cmd: CommandLine) -> CommandLine:
+    """Import every module the command line names and put the registered names of its
+    ``module:Class`` updaters in their place; ``plugins`` then lists every module imported.
+    Without such names, nothing is imported (and torch stays unimported).
+
+    Raises:
+        ConfigError: a module or class that cannot be found, imported or registered.
+    """
+    refs = cmd.plugin_refs()
+    if not refs:
+        return cmd
+    names: dict[str, str] = {}
+    modules: list[str] = []
+    for ref in refs:
+        if is_ref(ref):
+            names[ref] = resolve_class(ref)
+            modules.append(ref.partition(":")[0])
+        else:
+            _import(ref, "plugins")
+            modules.append(ref)
+    layers = [(source, _replaced(layer, names)) for source, layer in cmd.layers]
+    record = ("the plugins the command line names", {"plugins": list(dict.fromkeys(modules))})
+    return dataclasses.replace(cmd, layers=[*layers, record])
+
+
+def _replaced(layer: Any, names: dict[str, str]) -> Any:
+    """``layer`` with every ``module:Class`` of its ``updaters`` replaced by a registered name."""
+    values = (
+        OmegaConf.to_container(layer, resolve=False) if isinstance(layer, DictConfig) else layer
+    )
+    if not isinstance(values, dict) or not isinstance(values.get("updaters"), list):
+        return layer
+    if not any(is_ref(v) for v in values["updaters"]):
+        return layer
+    values = {**values, "updaters": [names.get(str(v), v) for v in values["updaters"]]}
+    return OmegaConf.create(values) if isinstance(layer, DictConfig) else values
