@@ -1,7 +1,8 @@
 """No import cycles inside lit_fedco, checked statically.
 
-DESIGN.md's layers each import only the layers below them. A cycle is easy to hide: an import
-moved into a function body runs late enough that Python never trips over it, yet the modules
+lit_fedco's layers (``LAYERS`` below) each import only the layers below them. A cycle is easy to
+hide: an import moved into a function body runs late enough that Python never trips over it, yet the
+modules
 still depend on each other and can no longer be read, tested or replaced one at a time. So
 this test parses every module with ``ast`` and counts *every* import statement — at module
 level, inside functions, under ``if TYPE_CHECKING`` — then looks for strongly connected

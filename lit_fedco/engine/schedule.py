@@ -1,5 +1,5 @@
 """The schedule of a run: how many rounds, local steps, clients and rows, and when to
-evaluate (``ALGORITHMS.md``, "Notation")."""
+evaluate, in the papers' symbols (S rounds, I local steps, m clients a round, b rows, E)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from lit_fedco.engine.failures import Failures
 
 @dataclass(frozen=True)
 class LoopConfig:
-    """The schedule of a run (``ALGORITHMS.md``, "Notation").
+    """The schedule of a run (S, I, m, b, E as in the papers).
 
     Attributes:
         rounds: S, the number of communication rounds.

@@ -1,5 +1,8 @@
-"""Objectives: the mathematics an updater differentiates (``ALGORITHMS.md``, "Problem
-families"). What depends on the data and the task lives in :mod:`lit_fedco.problems`."""
+"""Objectives: the mathematics an updater differentiates, by where the composition lives:
+``erm`` (plain empirical risk), ``local`` (f_k(g_k(x)) within each client: ComFedL, FCSG's
+MAML), ``distributed`` (f(mean_k g_k(x)) across clients: FedDRO), ``conditional``
+(E_ξ f_ξ(E_{η|ξ} g_η(x, ξ)): FCSG). What depends on the data and the task lives in
+:mod:`lit_fedco.problems`."""
 
 from lit_fedco.objectives.base import (
     Batch,

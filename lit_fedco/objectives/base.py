@@ -3,8 +3,8 @@
 An objective is stateless and written for **one client** on explicit parameter dicts, so that
 it can be vmapped over clients. A compositional objective exposes an inner map
 ``y = g(x; batch)`` and an outer function ``f(y; batch)``; ``value = f(g(x)) + h(x)``.
-Where the composition lives (``ALGORITHMS.md``, "Problem families") is the class attribute
-:attr:`Objective.composition`.
+Where the composition lives (``erm``, ``local``, ``distributed``, ``conditional``:
+:mod:`lit_fedco.objectives`) is the class attribute :attr:`Objective.composition`.
 """
 
 from __future__ import annotations

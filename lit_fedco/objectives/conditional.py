@@ -1,4 +1,5 @@
-"""Conditional stochastic objectives (FCSG, Wu et al.; ``ALGORITHMS.md``, "Conditional").
+"""Conditional stochastic objectives (FCSG, Wu et al., "Federated Conditional Stochastic
+Optimization", §2).
 
 Client n minimises ``F^n(x) = E_ξ f_ξ(E_{η|ξ} g_η(x, ξ))`` (FCSG eq. 1): the inner samples η
 are drawn *conditionally on* the outer sample ξ. With one ξ and m samples η_1..η_m the

@@ -21,7 +21,8 @@ Batches: each local step draws two independent minibatches per client, ``"grad"`
 eq. 7) and ``"value"`` (the fresh ζ' of the inner estimate). The probe at the start of a round
 reads the ``"value"`` batch of step 0; it fixes the round's units of inner values (the KL shift)
 and, at round 0 (or every round for MBSGD), the cohort mean ``mean_k g_k(x̄; B_k)`` that
-initialises ȳ (``ALGORITHMS.md``: "Initialise ȳ = mean_k g_k(x⁰; B)").
+initialises ȳ: the estimate starts at the cohort's inner value at x⁰, not at 0, whose ∇f would
+send the first steps anywhere.
 """
 
 from __future__ import annotations
