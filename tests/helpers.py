@@ -168,3 +168,14 @@ def run_module(module: str, *args: str, timeout: int = 300) -> subprocess.Comple
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout, cwd=REPO)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return proc
+
+
+def override(*groups: list[str] | tuple[str, ...]) -> list[str]:
+    """Command-line items, later groups replacing earlier items of the same key (a key given
+    twice is refused by the command line itself; ``updater=`` counts as ``updaters=``)."""
+    out: dict[str, str] = {}
+    for group in groups:
+        for item in group:
+            key = item.partition("=")[0].lstrip("-")
+            out["updaters" if key == "updater" else key] = item
+    return list(out.values())

@@ -157,7 +157,7 @@ BAD = [
     (["failures.dro=0.1"], r"^failures.dro: unknown config key .*'failures.drop'"),
     (["fedavg.mu=1"], r"^fedavg.mu: unknown config key"),
     (["nonexistent.x=1"], r"^nonexistent: unknown config key"),
-    (["rounds=3", "ds_feddro.gama_x=2", "rounds=4"], r"^ds_feddro.gama_x: unknown config key"),
+    (["rounds=3", "ds_feddro.gama_x=2", "rounds=4"], r"^rounds: given twice \('rounds=3', then 'rounds=4'\); give it once"),
     (["updater=comfed"], r"^updater: got 'comfed', expected one of \[.*\]; did you mean 'comfedl'\? an updater of your own: updater=my_module:MyUpdater"),
     (["updaters=[fedavg,nope]"], r"^updater: got 'nope'"),
     (["objective=sample"], r"^objective: got 'sample', expected one of \["),

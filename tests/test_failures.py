@@ -316,7 +316,7 @@ def test_every_updater_runs_with_failures(name):
             ["failures.partial=-0.1"],
             "failures.partial: got -0.1, expected a float in [0, 1]; set e.g. failures.partial=0.1",
         ),
-        (["failures.drop=nan"], "failures.drop: got nan, expected a float in [0, 1]"),
+        (["failures.drop=nan"], "failures.drop: got nan, expected a finite number"),
     ],
 )
 def test_bad_failure_probabilities_are_rejected(argv, message):

@@ -14,6 +14,7 @@ from lit_fedco.cli import run as main
 from lit_fedco.recipes.comfedl_dro import DEFAULTS
 from lit_fedco.report.plot import draw, load_run
 from lit_fedco.report.plot import main as plot_main
+from tests.helpers import override
 
 ARGS = ["rounds=4", "eval_every=2", "seeds=[0,1]", "tracking=[none]", "progress=false",
         "data.big=200", "updaters=[comfedl,drfl]"]  # fmt: skip
@@ -99,8 +100,8 @@ def test_a_recipe_evaluated_on_a_test_set_says_so(runs, tmp_path, capsys):
         "final validation accuracy per client"
     )
     capsys.readouterr()
-    main("comfedl_dro", DEFAULTS, [*ARGS, "seeds=[0]", f"out_dir={tmp_path}", "run_name=t"],
-         evaluated_on="test")  # fmt: skip
+    argv = override(ARGS, ["seeds=[0]", f"out_dir={tmp_path}", "run_name=t"])
+    main("comfedl_dro", DEFAULTS, argv, evaluated_on="test")
     assert "comfedl_dro: final metrics per method (test, mean over clients)" in (
         capsys.readouterr().out
     )

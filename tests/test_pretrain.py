@@ -15,7 +15,7 @@ import torch
 from lit_fedco.cli import run as main
 from lit_fedco.experiment import pretrain, session
 from lit_fedco.recipes.fcsg_auprc import COLUMNS, DEFAULTS
-from tests.helpers import LastLoops, the_run
+from tests.helpers import LastLoops, override, the_run
 
 TINY = ["rounds=2", "local_steps=2", "cohort=4", "eval_every=2", "tracking=[none]",
         "progress=false", "threads=1", "updaters=[fedavg,fcsg]", "checkpoint_every=1",
@@ -42,7 +42,7 @@ def run(out, *argv: str, callbacks=None):  # type: ignore[no-untyped-def]
     return main(
         "fcsg_auprc",
         DEFAULTS,
-        [*TINY, f"out_dir={out}", *argv],
+        override([*TINY, f"out_dir={out}"], argv),
         columns=COLUMNS,
         callbacks=callbacks,
     )

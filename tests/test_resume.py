@@ -21,7 +21,7 @@ import torch
 
 from lit_fedco.core.state import tree_leaves
 from lit_fedco.experiment import checkpoint as ckpt
-from tests.helpers import REPO, free_port
+from tests.helpers import REPO, free_port, override
 
 pytestmark = pytest.mark.slow
 
@@ -35,8 +35,8 @@ ARGS = [
 
 def command(out: Path, *extra: str, devices: int = 1) -> list[str]:
     return [
-        sys.executable, "-m", "lit_fedco.recipes.ds_feddro", f"out_dir={out}",
-        f"devices={devices}", *ARGS, *extra,
+        sys.executable, "-m", "lit_fedco.recipes.ds_feddro",
+        *override([f"out_dir={out}", f"devices={devices}", *ARGS], extra),
     ]  # fmt: skip
 
 

@@ -42,6 +42,15 @@ def load_config(argv: list[str], defaults: dict[str, Any] | None = None) -> Dict
     return load(import_plugins(parse(argv, defaults)))
 
 
+RUN_LEVEL = (
+    "seed", "seeds", "run_name", "resume", "out_dir", "devices", "num_nodes", "accelerator",
+    "strategy", "threads", "plugins", "variants",
+)  # fmt: skip
+"""Keys of the whole run, which a variant cannot change: every variant runs with the run's seeds,
+in its folder, on its processes (a variant may change anything a sub-run reads: its updaters,
+schedule, data, model, hyperparameters, executor, tracking)."""
+
+
 def variant_configs(cmd: CommandLine, cfg: DictConfig) -> list[tuple[str, DictConfig]]:
     """``(variant, config)`` per entry of ``cfg.variants``, its overrides applied after the
     command line; ``[("", cfg)]`` without variants.
@@ -62,9 +71,20 @@ def variant_configs(cmd: CommandLine, cfg: DictConfig) -> list[tuple[str, DictCo
                 key="variants",
             ) from None
         try:
-            out.append((variant, load(import_plugins(cmd.with_items(extra, f"variant {i}")))))
+            vcfg = load(import_plugins(cmd.with_items(extra, f"variant {i}")))
         except ConfigError as err:
             raise err.within(where) from None
+        for key in RUN_LEVEL:
+            if vcfg[key] != cfg[key]:
+                value = OmegaConf.to_container(vcfg[key]) if not isinstance(
+                    vcfg[key], str | int | float | bool) else vcfg[key]  # fmt: skip
+                raise ConfigError(
+                    f"variants[{i}]: sets {key}={value!r}, a key of the whole run (every variant "
+                    f"runs with the run's {key}); set it outside variants, or run the variants "
+                    "as runs of their own",
+                    key="variants",
+                )
+        out.append((variant, vcfg))
     return out or [("", cfg)]
 
 

@@ -86,6 +86,8 @@ def unknown_key_error(key: str, source: str, cfg: DictConfig) -> ConfigError:
     valid = [str(k) for k in node] if isinstance(node, DictConfig) else []
     close = difflib.get_close_matches(leaf, valid, n=1)
     hint = f"did you mean {(parent + '.' if parent else '') + close[0]!r}? " if close else ""
+    if len(key) > 60:  # input echoed back: a file read as a preset, a pasted line
+        key = key[:59] + "…"
     return ConfigError(
         f"{key}: unknown config key (from {source}); {hint}"
         f"valid keys{' under ' + parent if parent else ''}: {', '.join(valid)}",

@@ -24,13 +24,14 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.resources
+import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import yaml
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from lit_fedco.config import catalog
@@ -43,6 +44,13 @@ PRESETS_PACKAGE = "lit_fedco.presets"
 """The package the shipped presets are installed as (the repository's ``recipes/`` folder)."""
 _RUN_LINE = re.compile(r"^#\s*Run:\s+python -m lit_fedco\.recipes\.(\w+)\b")
 _REF = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
+_KEY = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$")
+"""A config key: names of letters, digits and ``_``, joined by dots (``data.name``)."""
+
+
+def shorten(text: str, limit: int = 60) -> str:
+    """``text`` cut to ``limit`` characters (with ``…``), for a message that echoes input."""
+    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 @dataclass
@@ -153,6 +161,13 @@ def preset_layers(preset: str, _seen: tuple[Path, ...] = ()) -> list[tuple[str, 
             f"preset: {path} is empty, expected a mapping of keys (rounds: 50); fill it in, "
             "or leave out preset= to run the recipe's defaults"
         )
+    odd = [str(k) for k in layer if not _KEY.match(str(k))]
+    if odd:
+        raise ConfigError(
+            f"preset: {path} is not a lit_fedco preset: {shorten(odd[0])!r} is not a config "
+            "key (names of letters, digits and _, joined by dots, e.g. rounds: 50)",
+            key="preset",
+        )
     base = layer.pop("extends", None)
     if base is None:
         return [(f"preset {path}", layer)]
@@ -252,15 +267,36 @@ def parse(
     if defaults:
         layers.append(("the recipe's defaults", defaults))
     items: list[tuple[str, Any]] = []
+    given: dict[str, str] = {}  # key -> its item, to refuse a key given twice
     for arg in rest:
         key, eq, value = arg.partition("=")
-        key = key.lstrip("-")
+        key = key[2:] if key.startswith("--") else key
         if not eq or not key:
-            shown = arg if len(arg) <= 80 else arg[:77] + "..."
             raise ConfigError(
-                f"command line: got {shown!r}, expected key=value (e.g. rounds=50 or "
+                f"command line: got {shorten(arg, 80)!r}, expected key=value (e.g. rounds=50 or "
                 "preset=comfedl_dro_mnist); list-valued keys take [a,b]"
             )
+        if not _KEY.match(key):
+            raise ConfigError(
+                f"command line: got {shorten(arg, 80)!r}, whose key {shorten(key)!r} is not a "
+                "config key (names of letters, digits and _, joined by dots); e.g. rounds=5 or "
+                "data.name=mnist",
+                key=key,
+            )
+        if not value.isprintable():
+            raise ConfigError(
+                f"{key}: got {shorten(value)!r}, expected a value on one line (no newline, tab or "
+                "control character)",
+                key=key,
+            )
+        name = "updaters" if key == "updater" else key
+        if name in given:
+            raise ConfigError(
+                f"{name}: given twice ({shorten(given[name])!r}, then {shorten(arg)!r}); give "
+                "it once",
+                key=name,
+            )
+        given[name] = arg
         if key == "preset":
             layers.extend(preset_layers(value))
         elif key == "updater":
@@ -298,7 +334,37 @@ def merge(schema: DictConfig, layers: list[tuple[str, Any]]) -> DictConfig:
             key=key,
         ) from None
     check_flat_lists(cfg)
+    check_numbers(cfg, cfg)
     return cfg
+
+
+INT64 = 2**63
+"""Integers must fit torch's int64 (a round counter, a seed, a size)."""
+
+
+def check_numbers(cfg: DictConfig, root: DictConfig, prefix: str = "") -> None:
+    """Every float in ``cfg`` (a node of ``root``) is finite and every int fits in 64 bits.
+
+    Raises:
+        ConfigError: naming the key (``comfedl.lr: got inf, expected a finite number``).
+    """
+    for k, v in cfg.items():
+        key = f"{prefix}{k!s}"
+        values = v if isinstance(v, ListConfig) else [v]
+        if isinstance(v, DictConfig):
+            check_numbers(v, root, f"{key}.")
+            continue
+        for x in values:
+            if isinstance(x, float) and not math.isfinite(x):
+                fix = example(key, catalog.typed_schema())
+                raise ConfigError(f"{key}: got {x}, expected a finite number; set e.g. {fix}",
+                                  key=key)  # fmt: skip
+            if isinstance(x, int) and not isinstance(x, bool) and not -INT64 <= x < INT64:
+                raise ConfigError(
+                    f"{key}: got {shorten(str(x))}, expected an int of at most 64 bits (below "
+                    f"{INT64:.2e})",
+                    key=key,
+                )
 
 
 def _raw(cfg: DictConfig, key: str) -> Any:

@@ -221,6 +221,55 @@ class Assembly:
         return self._updaters[key]
 
 
+SEED_LIMIT = 2**32
+"""Seeds are below 2^32: each names random streams through numpy's 32-bit seed words."""
+EMBEDDED_SOURCES = frozenset({"digits", "digits_st", "invariant_logreg"})
+"""``data.name`` values that read no folder (``data.data_dir`` set with them is refused)."""
+NAME_MAX = 200
+"""The longest ``run_name`` (bytes): a folder name, with room for the filesystem's 255."""
+
+
+def check_run_name(name: str) -> None:
+    """``run_name`` is a folder name: printable, no ``/``, not hidden, at most :data:`NAME_MAX`
+    bytes.
+
+    Raises:
+        ConfigError: naming the key and what was wrong.
+    """
+    shown = name if len(name) <= 60 else name[:59] + "…"
+    why = ""
+    if "/" in name or name in (".", ".."):
+        why = "a folder name, no '/'"
+    elif name.startswith("."):
+        why = "a folder name that does not start with '.' (hidden folders are lit_fedco's own)"
+    elif not name.isprintable():
+        why = "printable characters (no newline, tab or control character)"
+    elif len(name.encode()) > NAME_MAX:
+        why = f"at most {NAME_MAX} bytes, got {len(name.encode())}"
+    if why:
+        raise ConfigError(f"run_name: got {shown!r}, expected {why}; set e.g. run_name=lr01",
+                          key="run_name")  # fmt: skip
+
+
+def check_vmappable(cfg: DictConfig) -> None:
+    """``executor=vectorized`` names an executor its updaters can run: one declaring the run's
+    model in its ``unvmappable_models`` cannot (``auto`` would run it sequentially).
+
+    Raises:
+        ConfigError: naming the updater and the model.
+    """
+    if cfg.executor != "vectorized":
+        return
+    for name in [*cfg.updaters, *([cfg.pretrain.updater] if enabled(cfg) else [])]:
+        if name in available_updaters() and cfg.model.name in get_updater(name).unvmappable_models:
+            raise ConfigError(
+                f"executor: got 'vectorized', but {name} cannot run under vmap on "
+                f"model.name={cfg.model.name} (its unvmappable_models); set executor=sequential "
+                "or executor=auto",
+                key="executor",
+            )
+
+
 def check_run(cfg: DictConfig, built: Assembly | None = None) -> None:
     """Every check that can fail on user input, before any process starts or file is written.
     The data and updaters it builds (for the run's first seed) are kept in ``built``."""
@@ -230,6 +279,12 @@ def check_run(cfg: DictConfig, built: Assembly | None = None) -> None:
     if cfg.dtype not in DTYPES:
         raise ConfigError.bad_value("dtype", cfg.dtype, f"one of {sorted(DTYPES)}", "float32")
     make_executor(run_executor(cfg), cfg.chunk_size)
+    check_vmappable(cfg)
+    if cfg.failures.drop == 1:
+        raise ConfigError.bad_value(
+            "failures.drop", cfg.failures.drop, "a float in [0, 1) (at 1 every client drops out "
+            "of every round and nothing is trained)", "0.2",
+        )  # fmt: skip
     if "wandb" in check_tracking(list(cfg.tracking), cfg.project):
         check_wandb_server()  # online: the server answers, or offline with a warning
     seeds = list(cfg.seeds)
@@ -248,6 +303,13 @@ def check_run(cfg: DictConfig, built: Assembly | None = None) -> None:
         raise ConfigError.bad_value("seed", cfg.seed, "an int >= 0 (numpy's seeds)", "0")
     if any(s < 0 for s in seeds):
         raise ConfigError.bad_value("seeds", seeds, "ints >= 0 (numpy's seeds)", "[0,1,2]")
+    for key, values in (("seed", [cfg.seed]), ("seeds", seeds)):
+        if any(s >= SEED_LIMIT for s in values):
+            raise ConfigError.bad_value(
+                key, values[0] if key == "seed" else values, "ints in [0, 2^32) (a seed names "
+                "the run's random streams with numpy's 32-bit words)",
+                "[0,1,2]" if key == "seeds" else "0",
+            )  # fmt: skip
     if cfg.resume not in ("", "auto") and (len(cfg.updaters) != 1 or len(seeds) > 1):
         raise ConfigError.bad_value(
             "resume", cfg.resume, "a single updater and seed with a checkpoint file (or "
@@ -255,16 +317,26 @@ def check_run(cfg: DictConfig, built: Assembly | None = None) -> None:
         )  # fmt: skip
     if not cfg.out_dir.strip():
         raise ConfigError.bad_value("out_dir", cfg.out_dir, "a folder for the runs", "runs")
-    if "/" in cfg.run_name or cfg.run_name in (".", ".."):
-        raise ConfigError.bad_value("run_name", cfg.run_name, "a folder name, no '/'", "lr01")
+    check_run_name(cfg.run_name)
     if cfg.checkpoint_every < 0:
         raise ConfigError.bad_value(
             "checkpoint_every", cfg.checkpoint_every, "an int >= 0 (0: only at the end)", "10"
         )
     if cfg.checkpoint_keep < 1:
         raise ConfigError.bad_value("checkpoint_keep", cfg.checkpoint_keep, "an int >= 1", "3")
-    if cfg.threads < 0:
-        raise ConfigError.bad_value("threads", cfg.threads, "an int >= 0 (0: torch's default)", "1")
+    most = 4 * (os.cpu_count() or 1)
+    if not 0 <= cfg.threads <= most:
+        raise ConfigError.bad_value(
+            "threads", cfg.threads, f"an int in [0, {most}] (0: torch's default; at most 4 per "
+            f"CPU core, {os.cpu_count()} here)", "1",
+        )  # fmt: skip
+    if cfg.data.data_dir and cfg.data.name in EMBEDDED_SOURCES:
+        raise ConfigError(
+            f"data.data_dir: got {cfg.data.data_dir!r}, but data.name={cfg.data.name} is "
+            "embedded and reads no folder; drop data.data_dir, or set data.name to a data set "
+            "read from it (mnist, fashion_mnist, cifar10_st, adult, ...)",
+            key="data.data_dir",
+        )
     check_fabric(cfg)
     first = (seeds or [cfg.seed])[0]
     data = built.data(cfg, first)  # missing files, impossible splits

@@ -20,6 +20,7 @@ rounds it had already logged are not logged again (a resumed run repeats them bi
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import io
 import json
@@ -37,16 +38,26 @@ RUN_DIR_ENV = "LIT_FEDCO_RUN_DIR"
 
 
 # ---------------------------------------------------------------------- the run folder
-def check_writable(out_dir: Path) -> None:
-    """Fail before anything is written if ``out_dir`` cannot hold a run: a file in the way,
-    or a folder (or its nearest existing ancestor) that is not writable.
+def check_writable(out_dir: Path, recipe: str = "") -> None:
+    """Fail before anything is written if ``out_dir`` (and its ``recipe`` folder) cannot hold
+    a run: a file in the way, a symbolic-link loop, or a folder (or its nearest existing
+    ancestor) that is not writable.
 
     Raises:
         ConfigError: naming ``out_dir``.
     """
-    path = out_dir.resolve()
+    try:
+        path = (out_dir / recipe).resolve(strict=False)
+    except (OSError, RuntimeError) as err:  # a symbolic-link loop
+        raise ConfigError.bad_value(
+            "out_dir", str(out_dir), f"a folder that resolves ({err})", "runs"
+        ) from None
     probe = path
     while not probe.exists():
+        if probe.is_symlink():  # a link to nowhere, or into a loop
+            raise ConfigError.bad_value(
+                "out_dir", str(out_dir), f"a folder, but {probe} is a broken link", "runs"
+            )
         probe = probe.parent
     if not probe.is_dir():
         raise ConfigError.bad_value(
@@ -60,12 +71,21 @@ def check_writable(out_dir: Path) -> None:
         ) from None
 
 
-def new_run_dir(out_dir: Path, recipe: str, run_name: str) -> Path:
+def holds_run(path: Path) -> bool:
+    """Whether ``path`` holds (part of) a run: anything but hidden files. A folder holding
+    nothing else is the wreck of a start interrupted before ``config.yaml`` was written (or a
+    lock): a new run, or ``resume=auto``, takes it over."""
+    return path.is_dir() and any(not p.name.startswith(".") for p in path.iterdir())
+
+
+def new_run_dir(out_dir: Path, recipe: str, run_name: str, fix: str = "") -> Path:
     """Create the run's folder exclusively: ``run_name``, or the start time with a suffix if
-    another run started in the same second.
+    another run started in the same second. A ``run_name`` folder that holds no run (a start
+    interrupted before it wrote anything) is taken over.
 
     Raises:
-        ConfigError: ``run_name`` names a run that exists (resume it, or choose another name).
+        ConfigError: ``run_name`` names a run that exists; ``fix`` says what to do instead
+            (default: resume it, or choose another name).
     """
     base = out_dir / recipe
     base.mkdir(parents=True, exist_ok=True)
@@ -74,11 +94,10 @@ def new_run_dir(out_dir: Path, recipe: str, run_name: str) -> Path:
         try:
             path.mkdir()
         except FileExistsError:
-            raise ConfigError(
-                f"run_name: got {run_name!r}, but {path} already holds a run; continue it with "
-                "resume=auto, or choose another run_name",
-                key="run_name",
-            ) from None
+            if holds_run(path):
+                fix = fix or "continue it with resume=auto, or choose another run_name"
+                raise ConfigError(f"run_name: got {run_name!r}, but {path} already holds a run; "
+                                  f"{fix}", key="run_name") from None  # fmt: skip
         return path
     stamp = time.strftime("%Y%m%d-%H%M%S")
     for i in range(1, 1000):
@@ -104,7 +123,13 @@ def existing_run_dir(out_dir: Path, recipe: str, run_name: str) -> Path:
             key="resume",
         )
     path = out_dir / recipe / run_name
-    if not (path / "config.yaml").is_file():
+    sub_runs = path.is_dir() and any(
+        (p / "status.json").is_file() or (p / "checkpoints").is_dir() for p in path.iterdir()
+    )
+    # a run; one whose config.yaml was removed (its checkpoints still verify what resumes); or
+    # the wreck of a start interrupted before it wrote anything, which starts anew
+    looks = path.is_dir() and ((path / "config.yaml").is_file() or sub_runs or not holds_run(path))
+    if not looks:
         runs = sorted(p.name for p in (out_dir / recipe).glob("*") if (p / "config.yaml").is_file())
         raise ConfigError(
             f"run_name: got {run_name!r}, but {path} holds no run to resume; runs there: "
@@ -112,6 +137,55 @@ def existing_run_dir(out_dir: Path, recipe: str, run_name: str) -> Path:
             key="run_name",
         )
     return path
+
+
+LOCK = ".lock"
+"""The lock file of a run folder (:func:`lock_run`)."""
+
+
+class RunLock:
+    """A run folder held by this process (:func:`lock_run`); :meth:`release` lets it go."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd: int | None = fd
+
+    def release(self) -> None:
+        """Let the folder go (closing the descriptor drops the ``flock``)."""
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
+
+
+def lock_run(run_dir: Path) -> RunLock:
+    """Hold ``run_dir`` for this process: an exclusive ``flock`` on its :data:`LOCK` file, which
+    records who holds it, until :meth:`RunLock.release`. The kernel releases it when the
+    process ends, however it ends (``kill -9`` included), so a stale lock never blocks a
+    resume.
+
+    Raises:
+        ConfigError: another process holds the folder (its pid, host and start time named).
+    """
+    import fcntl
+    import socket
+
+    path = run_dir / LOCK
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        holder = read_json(path) or {}
+        os.close(fd)
+        who = f"process {holder.get('pid', '?')} on {holder.get('host', '?')}"
+        raise ConfigError(
+            f"run_name: {run_dir} is in use by {who} (since {holder.get('since', '?')}); wait "
+            f"for it to end, or stop it (kill {holder.get('pid', 'PID')}), then run again",
+            key="run_name",
+        ) from None
+    mine = {"pid": os.getpid(), "host": socket.gethostname(),
+            "since": time.strftime("%Y-%m-%dT%H:%M:%S")}  # fmt: skip
+    os.ftruncate(fd, 0)
+    os.write(fd, (json.dumps(mine) + "\n").encode())
+    return RunLock(fd)
 
 
 def sweep(folder: Path) -> None:
@@ -159,18 +233,40 @@ def contents(run_dir: Path) -> str:
 # ---------------------------------------------------------------------- one sub-run
 class History:
     """Every round's logs of one (updater, seed): ``metrics.jsonl``, one line per round,
-    appended and flushed as it happens; ``metrics.csv`` rebuilt from it (atomically).
+    appended and flushed as it happens; ``metrics.csv`` written from it when the sub-run ends
+    or stops (so that a round costs the same at round 10 and round 10,000).
 
-    A run killed mid-line leaves a partial last line: it is dropped when the file is read.
-    On resume, rounds at or before the last one recorded are not written again.
+    History is never shortened silently. A line a kill cut short (the last one) is dropped
+    and said so; a line in the middle that does not parse is dropped and said so, and the
+    lines after it are kept. Rounds the file lacks before the round the sub-run resumes from
+    (a truncated or deleted file) are named in :attr:`notes`. On resume, rounds already
+    recorded are not written again (a resumed run repeats them bit for bit).
+
+    Args:
+        folder: the sub-run's folder.
+        resumed: the round the sub-run continues from (0: it starts).
     """
 
-    def __init__(self, folder: Path) -> None:
+    def __init__(self, folder: Path, resumed: int = 0) -> None:
         self.jsonl, self.csv = folder / "metrics.jsonl", folder / "metrics.csv"
-        self.rows = self.read()
+        self.rows, dropped = self.read_lines(self.jsonl)
         self.last_round = max((int(r["round"]) for r in self.rows), default=0)
-        if self.jsonl.exists():  # rewrite without a partial last line, then append
+        self.notes: list[str] = []
+        """What was dropped from, or is missing in, the record (to print)."""
+        if dropped:
+            lines = ", ".join(map(str, dropped))
+            self.notes.append(f"{self.jsonl}: line(s) {lines} cut short or unreadable, dropped; "
+                              f"the other {len(self.rows)} rounds are kept")  # fmt: skip
             write_text(self.jsonl, "".join(json.dumps(r) + "\n" for r in self.rows))
+        have = {int(r["round"]) for r in self.rows}
+        lost = [r for r in range(1, resumed + 1) if r not in have]
+        if lost:
+            span = f"{lost[0]}" if len(lost) == 1 else f"{lost[0]}..{lost[-1]}"
+            self.notes.append(
+                f"{self.jsonl} lacks {len(lost)} of the rounds before the checkpoint's round "
+                f"{resumed} (rounds {span}: the file was truncated or removed); the run goes on "
+                "from the checkpoint, and those rounds stay missing from the record and figures"
+            )
         self._file = open(self.jsonl, "a")  # noqa: SIM115 — kept open for the run
 
     def read(self) -> list[dict[str, Any]]:
@@ -178,19 +274,33 @@ class History:
         return self.read_file(self.jsonl)
 
     @staticmethod
-    def read_file(path: Path) -> list[dict[str, Any]]:
-        """The complete lines of a ``metrics.jsonl`` (none if it is missing)."""
-        rows = []
+    def read_lines(path: Path) -> tuple[list[dict[str, Any]], list[int]]:
+        """The rows of a ``metrics.jsonl`` that parse (none if it is missing), and the numbers
+        (from 1) of the lines that do not: a line cut short by a kill, or damaged."""
+        rows, dropped = [], []
         if path.exists():
-            for line in path.read_text().splitlines():
+            for i, line in enumerate(path.read_text(errors="replace").splitlines(), 1):
                 try:
-                    rows.append(json.loads(line))
-                except ValueError:
-                    break  # a line cut short by a kill: the rest is not trusted
-        return rows
+                    row = json.loads(line)
+                    int(row["round"])
+                except (ValueError, TypeError, KeyError):
+                    if line.strip():
+                        dropped.append(i)
+                    continue
+                rows.append(row)
+        return rows, dropped
+
+    @staticmethod
+    def read_file(path: Path) -> list[dict[str, Any]]:
+        """The rows of a ``metrics.jsonl`` that parse (none if it is missing)."""
+        return History.read_lines(path)[0]
 
     def append(self, round_idx: int, logs: dict[str, float]) -> None:
-        """Record round ``round_idx`` unless it is recorded already."""
+        """Record round ``round_idx`` unless it is recorded already.
+
+        Raises:
+            OSError: the line could not be written (the record keeps every earlier line).
+        """
         if round_idx <= self.last_round:
             return
         row = {"round": round_idx, **logs}
@@ -207,10 +317,11 @@ class History:
         buf = io.StringIO()
         writer = csv.DictWriter(buf, fieldnames=list(keys))
         writer.writeheader()
-        writer.writerows(self.rows)
+        writer.writerows(sorted(self.rows, key=lambda r: int(r["round"])))
         write_text(self.csv, buf.getvalue())
 
     def close(self) -> None:
-        """Flush and close the JSONL file and write the CSV."""
-        self._file.close()
+        """Close the JSONL file and write the CSV."""
+        with contextlib.suppress(OSError):  # every line was flushed when it was written
+            self._file.close()
         self.write_csv()

@@ -41,13 +41,22 @@ from lit_fedco.experiment.rundir import (
     check_writable,
     contents,
     existing_run_dir,
+    holds_run,
+    lock_run,
     new_run_dir,
     read_json,
     sweep,
     write_json,
     write_text,
 )
-from lit_fedco.experiment.session import Stopped, identity_of, run_sub, stop_on_signals, verify
+from lit_fedco.experiment.session import (
+    Stopped,
+    WriteFailed,
+    identity_of,
+    run_sub,
+    stop_on_signals,
+    verify,
+)
 from lit_fedco.report.tracking import log_figures
 
 TABLE_COLUMNS = [
@@ -68,12 +77,16 @@ class Plan:
         resume: per sub-run folder name, the checkpoint it continues from.
         done: per sub-run folder name, the final metrics of a sub-run already complete.
         notes: lines to print (checkpoints skipped as corrupted, sub-runs complete).
+        branch: a branch from an older checkpoint (``resume=PATH``), else empty.
     """
 
     run_dir: Path | None = None
     resume: dict[str, Path] = field(default_factory=dict)
     done: dict[str, dict[str, float]] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
+    branch: dict[str, Any] = field(default_factory=dict)
+    """For ``resume=PATH`` of an earlier checkpoint, or of a complete run: the sub-run's
+    folder name, the checkpoint, its round and the run it came from; it runs as a new run."""
 
 
 def sub_runs(configs: list[tuple[str, DictConfig]], seeds: list[int]):  # type: ignore[no-untyped-def]
@@ -109,10 +122,10 @@ def plan_run(
             checkpoint that does not verify or belongs to another run.
     """
     out_dir = Path(cfg.out_dir)
-    check_writable(out_dir)
+    check_writable(out_dir, recipe)
     plan = Plan()
     if not cfg.resume:
-        if cfg.run_name and (out_dir / recipe / cfg.run_name).exists():
+        if cfg.run_name and holds_run(out_dir / recipe / cfg.run_name):
             raise ConfigError(
                 f"run_name: got {cfg.run_name!r}, but {out_dir / recipe / cfg.run_name} already "
                 "holds a run; continue it with resume=auto, or choose another run_name",
@@ -121,6 +134,9 @@ def plan_run(
         return plan
     if cfg.resume == "auto":
         plan.run_dir = existing_run_dir(out_dir, recipe, cfg.run_name)
+        if not holds_run(plan.run_dir):
+            plan.notes.append(f"run {cfg.run_name} never got past its start (no config.yaml, no "
+                              "sub-run): starting it now")  # fmt: skip
         for _, _, vcfg, seed, folder in pretrain_runs(configs, seeds):
             pcfg = pretrain.pretrain_config(vcfg)
             pname = str(vcfg.pretrain.updater)
@@ -131,25 +147,52 @@ def plan_run(
         if plan.done and not plan.resume and len(plan.done) == total:
             plan.notes.append(f"run {plan.run_dir.name} is already complete: nothing to run")
         return plan
+    return _plan_path(plan, recipe, cfg, configs, seeds, built)
+
+
+def _plan_path(
+    plan: Plan,
+    recipe: str,
+    cfg: DictConfig,
+    configs: list[tuple[str, DictConfig]],
+    seeds: list[int],
+    built: Assembly,
+) -> Plan:
+    """``resume=PATH``: the newest checkpoint of a sub-run that has not ended continues in its
+    run; any other (an earlier one, or one of a complete run) starts a new run from it, and the
+    run it came from is left as it is."""
     path = Path(cfg.resume)
     found = ckpt.load(path)  # unreadable, truncated, corrupted: refused here
     ((_, _, vcfg, name, seed, folder),) = list(sub_runs(configs, seeds))
     data = built.data(vcfg, seed)
     params = built.updater(vcfg, name, seed)[0].params()
     verify(found, identity_of(recipe, vcfg, name, seed, data, params), path)
-    if _already_done(found, vcfg):
+    at = int(found["loop"]["round"])
+    if at >= vcfg.rounds:
         raise ConfigError(
-            f"resume: {path} is at round {found['loop']['round']}, the end of a "
-            f"{vcfg.rounds}-round run; it is complete (set rounds=N larger to continue it)",
+            f"resume: {path} is at round {at}, the end of a {vcfg.rounds}-round run; there is "
+            f"nothing left to run (set rounds={at + 1} or more to continue from it)",
             key="resume",
         )
     sub_dir = path.resolve().parent.parent
-    if sub_dir.name == folder and (sub_dir.parent / "config.yaml").is_file():
-        plan.run_dir = sub_dir.parent  # continue in the run the checkpoint belongs to
+    run = sub_dir.parent
+    ours = sub_dir.name == folder and (run / "config.yaml").is_file()
+    newest = ckpt.newest_valid(sub_dir / "checkpoints") if ours else None
+    ended = (read_json(sub_dir / "status.json") or {}).get("state") == "complete"
+    if ours and newest is not None and newest[0].resolve() == path.resolve() and not ended:
+        plan.run_dir = run  # the newest checkpoint of a sub-run that stopped: continue it
         for _, _, _, pseed, pfolder in pretrain_runs(configs, seeds):  # its pre-training
             pcfg = pretrain.pretrain_config(vcfg)
             pname = str(vcfg.pretrain.updater)
             _plan_sub(plan, recipe, pcfg, pname, pseed, plan.run_dir / pfolder, built)
+    else:
+        what = "a complete run" if ended else "an earlier checkpoint of its run"
+        plan.branch = {"folder": folder, "checkpoint": str(path), "round": at,
+                       "run": str(run) if ours else None,
+                       "history": str(sub_dir / "metrics.jsonl") if ours else None}  # fmt: skip
+        source = f" {run.name}" if ours else ""
+        plan.notes.append(f"resume: {path} is round {at} of {what}{source}; it continues as a "
+                          "new run (the run it came from is left as it is)")  # fmt: skip
     plan.resume[folder] = path
     return plan
 
@@ -231,9 +274,30 @@ def _plan_sub(
         return
     newest = ckpt.newest_valid(folder / "checkpoints")
     if newest is None:
+        listed = ckpt.listing(folder / "checkpoints")
+        if listed:  # every checkpoint fails: refuse rather than restart from round 0 unasked
+            reason = ""
+            try:
+                ckpt.load(listed[-1])
+            except ckpt.CheckpointError as err:
+                reason = str(err).removeprefix("resume: ")
+            raise ConfigError(
+                f"resume: every checkpoint of {folder.name} fails its check (the newest: "
+                f"{reason}); move {folder / 'checkpoints'} away to run {folder.name} again from "
+                "round 0",
+                key="resume",
+            )
         return  # nothing to resume: the sub-run starts from round 0
     path, found, skipped = newest
     plan.notes += [f"skipped: {reason}" for reason in skipped]
+    at = int(found["loop"]["round"])
+    if at > cfg.rounds:
+        raise ConfigError(
+            f"rounds: got {cfg.rounds}, but {folder.name} has run {at} rounds already (its newest "
+            f"checkpoint); a run is not shortened: set rounds={at} or more to continue it, or "
+            "start a new run from an earlier checkpoint with resume=PATH",
+            key="rounds",
+        )
     data = built.data(cfg, seed)
     params = built.updater(cfg, name, seed)[0].params()
     verify(found, identity_of(recipe, cfg, name, seed, data, params), path)
@@ -304,6 +368,7 @@ def run_recipe(
     """
     child = os.environ.get(RUN_DIR_ENV)  # a process Fabric started: the launcher checked it all
     built = Assembly()
+    held = None
     try:
         configs = variant_configs(cmd, cfg)  # one per variant, or just cfg
         for c in [cfg, *(c for _, c in configs)]:  # executor=auto: the choice is recorded
@@ -316,11 +381,14 @@ def run_recipe(
                 raise err.within(f"variant {variant!r}") if variant else err from None
         # the processes Fabric starts read the same files and come to the same plan
         plan = plan_run(recipe, cfg, configs, seeds, built) if not child or cfg.resume else Plan()
-        run_dir = (
-            Path(child)
-            if child
-            else plan.run_dir or new_run_dir(Path(cfg.out_dir), recipe, cfg.run_name)
-        )
+        fix = "a run started from a checkpoint of another goes to a new folder: choose another "
+        fix += "run_name, or leave it out"
+        if child:
+            run_dir = Path(child)
+        else:
+            run_dir = plan.run_dir or new_run_dir(Path(cfg.out_dir), recipe, cfg.run_name,
+                                                  fix if plan.branch else "")  # fmt: skip
+            held = lock_run(run_dir)  # until the run ends; another process is refused here
     except ConfigError as err:
         print(f"lit_fedco: {err}", file=sys.stderr)
         raise SystemExit(2) from None
@@ -338,6 +406,8 @@ def run_recipe(
     finally:
         if not child:
             os.environ.pop(RUN_DIR_ENV, None)
+        if held is not None:
+            held.release()
 
 
 def _run(
@@ -356,8 +426,8 @@ def _run(
     rank0 = fabric.global_rank == 0
     if rank0:
         _record_start(cfg, plan, run_dir)
-        for note in plan.notes:
-            print(f"lit_fedco: {note}", file=sys.stderr)
+        for line in plan.notes:
+            print(f"lit_fedco: {line}", file=sys.stderr)
     rows: dict[str, list[dict[str, float]]] = {}
     folders: dict[str, list[str]] = {}
     starts: dict[tuple[int, int], dict[str, Any] | None] = {}
@@ -385,8 +455,10 @@ def _run(
                         print(f"lit_fedco: {folder} is already complete; its results are kept")
                 else:
                     announce = name == vcfg.updaters[0]  # once per data set
+                    branch = _branch_start(plan, folder, run_dir) if rank0 else {}
                     final, _ = run_sub(fabric, vcfg, name, seed, recipe, run_dir / folder,
-                                       plan.resume.get(folder), announce, init, built)  # fmt: skip
+                                       plan.resume.get(folder), announce, init, built,
+                                       branch)  # fmt: skip
                 label = f"{name} [{variant}]" if variant else name
                 record(label, final, folder)
         except Stopped as stop:
@@ -398,6 +470,11 @@ def _run(
                     file=sys.stderr,
                 )
             raise SystemExit(128 + stop.signum) from None
+        except WriteFailed as err:
+            if rank0:
+                again = f"resume=auto run_name={run_dir.name} out_dir={cfg.out_dir}"
+                print(f"lit_fedco: {err}; make room and continue with: {again}", file=sys.stderr)
+            raise SystemExit(1) from None
     table_rows = list(rows.items())
     if rank0:
         table = format_table(table_rows, columns)
@@ -410,6 +487,7 @@ def _run(
             "evaluated_on": evaluated_on,
             "results": rows,
             **_recorded(run_dir, folders),
+            **({"branched_from": plan.branch} if plan.branch else {}),
         }
         try:
             write_json(run_dir / "results.json", results)
@@ -424,6 +502,22 @@ def _run(
     return table_rows
 
 
+def _branch_start(plan: Plan, folder: str, run_dir: Path) -> dict[str, Any]:
+    """For the sub-run a branch starts (``resume=PATH`` of an earlier checkpoint): its record
+    up to the checkpoint's round, copied from the run it came from, and the note for its
+    ``status.json``; nothing for any other sub-run."""
+    if plan.branch.get("folder") != folder:
+        return {}
+    source = plan.branch.get("history")
+    if source and not (run_dir / folder / "metrics.jsonl").exists():
+        rows = [
+            r for r in History.read_file(Path(source)) if int(r["round"]) <= plan.branch["round"]
+        ]
+        (run_dir / folder).mkdir(parents=True, exist_ok=True)
+        write_text(run_dir / folder / "metrics.jsonl", "".join(json.dumps(r) + "\n" for r in rows))
+    return {"branched_from": {k: plan.branch[k] for k in ("checkpoint", "round", "run")}}
+
+
 def _record_start(cfg: DictConfig, plan: Plan, run_dir: Path) -> None:
     """``config.yaml`` for a new run; one line of ``resumes.jsonl`` for a resumed one, with
     what changed (rounds, and how it executes)."""
@@ -431,6 +525,9 @@ def _record_start(cfg: DictConfig, plan: Plan, run_dir: Path) -> None:
     resolved = OmegaConf.to_container(cfg, resolve=True)
     first = run_dir / "config.yaml"
     if not first.exists():
+        if cfg.resume and holds_run(run_dir):
+            print(f"lit_fedco: {first} was missing; written again from this command line (the "
+                  "checkpoints verify what resumes)", file=sys.stderr)  # fmt: skip
         write_text(first, OmegaConf.to_yaml(OmegaConf.create(resolved)))
         return
     before = OmegaConf.to_container(OmegaConf.load(first), resolve=True)

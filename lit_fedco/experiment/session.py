@@ -3,12 +3,13 @@ stops on SIGTERM / SIGINT, and refusals of checkpoints that belong elsewhere.
 
 A sub-run writes into ``<run_dir>/<sub>/`` (:mod:`lit_fedco.experiment.rundir`). After every
 ``checkpoint_every`` rounds, after the last round, and when the process is asked to stop, rank
-0 writes a checkpoint (:mod:`lit_fedco.experiment.checkpoint`) of everything needed to continue: the
-loop state, and what the state belongs to. Minibatches, cohorts and conditional samples are
-functions
-of (seed, client, round), so a run resumed from round r ends bit-identical to one never
-stopped. A diverged run (non-finite loss or state) writes no checkpoint: the last good one
-stays.
+0 writes a checkpoint (:mod:`lit_fedco.experiment.checkpoint`) of everything needed to
+continue: the loop state, and what the state belongs to. Minibatches, cohorts and conditional
+samples are functions of (seed, client, round), so a run resumed from round r ends
+bit-identical to one never stopped. A diverged run (non-finite loss or state) writes no
+checkpoint: the last good one stays. A write that fails (a full disk) stops the run after the
+round every process is in, with one line naming the file, the error and the last good
+checkpoint, and ``status.json`` says so (:class:`WriteFailed`).
 """
 
 from __future__ import annotations
@@ -65,6 +66,20 @@ class Stopped(Exception):
         self.signum, self.round, self.saved = signum, round_idx, saved
 
 
+class WriteFailed(Exception):
+    """A file of the run could not be written (a full disk, a removed folder): the run stopped.
+
+    Attributes:
+        round: the round after which it stopped.
+        last_good: the newest checkpoint that was written, if any (the run resumes from it).
+    """
+
+    def __init__(self, message: str, round_idx: int, last_good: Path | None) -> None:
+        where = f"; the last good checkpoint is {last_good}" if last_good else "; no checkpoint"
+        super().__init__(f"{message} (after round {round_idx}){where}")
+        self.round, self.last_good = round_idx, last_good
+
+
 # ---------------------------------------------------------------------- stop requests
 _REQUESTED: list[int] = []
 
@@ -91,8 +106,17 @@ def stop_on_signals() -> Iterator[None]:
         _REQUESTED.clear()
 
 
-SIGNALS = 65
-"""Signal numbers a stop request can carry (0: none; Linux's are 1–64)."""
+SIGNALS = 66
+"""Signal numbers a stop request can carry (0: none; Linux's are 1–64), and
+:data:`WRITE_FAILED`."""
+WRITE_FAILED = 65
+"""The stop request of a process whose write failed (not a signal)."""
+
+
+def request_stop(code: int) -> None:
+    """Ask every process to stop after the round they are in (a signal number, or
+    :data:`WRITE_FAILED`)."""
+    _REQUESTED.append(code)
 
 
 def stop_request() -> Tensor:
@@ -102,6 +126,13 @@ def stop_request() -> Tensor:
     if _REQUESTED:
         flags[min(_REQUESTED[0], SIGNALS - 1)] = 1.0
     return flags
+
+
+def agree(fabric: Fabric, code: int) -> int:
+    """The largest ``code`` over the processes (one collective; this process's with one)."""
+    if fabric.world_size == 1:
+        return code
+    return int(fabric.all_reduce(torch.tensor([float(code)]), reduce_op="max").item())  # type: ignore[union-attr]
 
 
 def stop_requested(fabric: Fabric, comm: Comm) -> int:
@@ -159,12 +190,24 @@ def verify(found: dict[str, Any], identity: dict[str, Any], path: Path) -> None:
     old, new = _flat(found.get("config", {})), _flat(identity["config"])
     for key in sorted(set(old) | set(new)):
         if old.get(key) != new.get(key):
+            shown = config_key(key, identity["config"])
             raise ckpt.CheckpointError(
-                f"resume: {path} was made with {key}={old.get(key)!r}, this run has "
-                f"{key}={new.get(key)!r}; resume with the settings it was made with (only "
+                f"resume: {path} was made with {shown}={old.get(key)!r}, this run has "
+                f"{shown}={new.get(key)!r}; resume with the settings it was made with (only "
                 f"{', '.join(RESUMABLE_CHANGES[:3])} and how the run executes may change)",
                 key="resume",
             )
+
+
+def config_key(key: str, relevant: dict[str, Any]) -> str:
+    """The config key of a key of :func:`~lit_fedco.experiment.assemble.relevant_config`:
+    its ``hparams.lr`` is ``<updater>.lr``, its ``problem.gamma`` is ``<problem>.gamma``."""
+    head, _, rest = key.partition(".")
+    if head == "hparams" and rest:
+        return f"{relevant.get('updater', head)}.{rest}"
+    if head == "problem" and rest:
+        return "objective" if rest == "name" else f"{relevant['problem']['name']}.{rest}"
+    return key
 
 
 def _flat(tree: Any, prefix: str = "") -> dict[str, Any]:
@@ -191,6 +234,200 @@ def identity_of(
 
 
 # ---------------------------------------------------------------------- one sub-run
+class SubRun:
+    """One (updater, seed) in its folder: its loop, record, loggers, status and checkpoints.
+
+    Rank 0 writes; every process runs the loop. :meth:`run` trains to the end, or raises
+    :class:`Stopped` / :class:`WriteFailed` after the round every process is in.
+    """
+
+    def __init__(
+        self,
+        fabric: Fabric,
+        cfg: DictConfig,
+        name: str,
+        seed: int,
+        recipe: str,
+        folder: Path,
+        init: dict[str, Any] | None,
+        built: Assembly,
+    ) -> None:
+        self.fabric, self.cfg, self.name, self.folder = fabric, cfg, name, folder
+        self.rank0 = fabric.global_rank == 0
+        data = built.data(cfg, seed)
+        self.stats = data.partition_stats()
+        init_params = None if init is None else init["params"]
+        updater, problem = built.updater(cfg, name, seed, init_params)
+        self.init_record = (
+            pretrain.describe(init["from"], init["params"]) if init is not None
+            else {"from": "seed", "fingerprint": pretrain.fingerprint(updater.params())}
+        )  # fmt: skip
+        self.identity = identity_of(recipe, cfg, name, seed, data, updater.params())
+        executor = make_executor(run_executor(cfg), cfg.chunk_size)
+        self.loop = FederatedLoop(fabric, updater, data, loop_config(cfg, seed), executor,
+                                  DTYPES[cfg.dtype], problem)  # fmt: skip
+        self.status: dict[str, Any] = {}
+        self.history: History | None = None
+        self.loggers: list[Any] = []
+        self.last_good: Path | None = None
+        self.failed: str = ""  # the first write that failed
+        self.label = f"{recipe}-{name}-seed{seed}"
+
+    # ------------------------------------------------------------------ files
+    def write(self, what: str, action: Any) -> bool:
+        """Run ``action`` (a write of rank 0); on an OS error remember the first failure and ask
+        every process to stop after this round. Whether it succeeded."""
+        try:
+            action()
+            return True
+        except OSError as err:
+            if not self.failed:
+                self.failed = f"cannot write {what} ({err.strerror or err})"
+                request_stop(WRITE_FAILED)
+            return False
+
+    def write_status(self, **update: Any) -> None:
+        """Update ``status.json`` (best effort once a write failed: the disk may be full)."""
+        self.status.update(update)
+        self.write(str(self.folder / "status.json"),
+                   lambda: write_json(self.folder / "status.json", self.status))  # fmt: skip
+
+    def open(self, resume_from: Path | None, announce: bool, note: dict[str, Any]) -> None:
+        """Resume from ``resume_from`` (verified), and on rank 0 the folder, the partition, the
+        record, the loggers and ``status.json`` (``note`` goes into it: e.g. a branch)."""
+        cfg, loop = self.cfg, self.loop
+        if resume_from is not None:
+            found = ckpt.load(resume_from)
+            verify(found, self.identity, resume_from)
+            loop.load_state_dict(found["loop"])
+            self.last_good = resume_from
+        if not self.rank0:
+            return
+        self.folder.mkdir(parents=True, exist_ok=True)
+        sweep(self.folder)  # what a killed run's atomic writes left half-done
+        write_json(self.folder / "partition.json", self.stats)
+        if announce:
+            print(format_partition_stats(self.stats), flush=True)
+        self.status = read_json(self.folder / "status.json") or {}
+        self.history = History(self.folder, loop.round)
+        for line in self.history.notes:
+            print(f"lit_fedco: {line}", file=sys.stderr)
+        resolved = OmegaConf.to_container(cfg, resolve=True)
+        assert isinstance(resolved, dict)
+        # the resolved config as it ran; what the updater says of itself and the partition
+        logged = {**resolved, "seed": self.loop.cfg.seed, "describe": loop.updater.describe(),
+                  "partition": partition_summary(self.stats), "init": self.init_record}  # fmt: skip
+        self.loggers = make_loggers(cfg.tracking, self.folder.parent, self.label, cfg.project,
+                                    logged, wandb_id=self.status.get("wandb_id"))  # fmt: skip
+        self.status.setdefault("init", self.init_record)  # a resumed sub-run keeps its start
+        self.status.update(note)
+        wandb_id = next((getattr(lg, "version", None) for lg in self.loggers), None)
+        self.write_status(state="running", updater=self.name, seed=self.loop.cfg.seed,
+                          rounds=cfg.rounds, wandb_id=wandb_id)  # fmt: skip
+
+    def save(self) -> Path | None:
+        """A checkpoint of the loop now (rank 0; never of a diverged state)."""
+        loop, folder_ck = self.loop, self.folder / "checkpoints"
+        if not self.rank0 or not finite(loop) or self.failed:
+            return None
+        path = folder_ck / ckpt.name_of(loop.round)
+
+        def write() -> None:
+            folder_ck.mkdir(exist_ok=True)
+            ckpt.save(path, content(loop, self.identity))
+            ckpt.prune(folder_ck, self.cfg.checkpoint_keep)
+
+        if not self.write(str(path), write):
+            print(f"lit_fedco: {self.failed}; the previous checkpoint is kept", file=sys.stderr)
+            return None
+        self.last_good = path
+        return path
+
+    # ------------------------------------------------------------------ the rounds
+    def on_round(self, logs: dict[str, float], bar: Any) -> None:
+        """Progress, the record, the divergence check, checkpoints and stop requests."""
+        loop, cfg = self.loop, self.cfg
+        if "val/acc_avg" in logs:
+            bar.set_postfix(avg=f"{logs['val/acc_avg']:.3f}", worst=f"{logs['val/acc_worst']:.3f}")
+        bad = [k for k in ("train/loss", "val/loss_avg") if not math.isfinite(logs.get(k, 0.0))]
+        if bad:
+            raise Diverged(loop.round, f"{self.name}: {bad[0]} became {logs[bad[0]]} in round "
+                           f"{loop.round}; lower the step size ({self.name}.lr)")  # fmt: skip
+        if self.history is not None and not self.failed and loop.round > self.history.last_round:
+            history = self.history
+            if self.write(str(history.jsonl), lambda: history.append(loop.round, logs)):
+                for logger in self.loggers:
+                    logger.log_metrics(logs, step=loop.round)
+        bar.update(1)
+        every = cfg.checkpoint_every
+        if loop.round == cfg.rounds or (every and loop.round % every == 0):
+            self.save()
+        if signum := stop_requested(self.fabric, loop.comm):
+            if signum == WRITE_FAILED:
+                raise WriteFailed(self.failed or "a write failed on another process", loop.round,
+                                  self.last_good)  # fmt: skip
+            raise Stopped(signum, loop.round, self.save())
+        loop.comm.carry(stop_request())  # rides the next round's aggregation
+
+    def run(self) -> dict[str, float]:
+        """The remaining rounds; the final metrics (``diverged_round`` when it diverged)."""
+        loop, cfg = self.loop, self.cfg
+        bar = tqdm(total=cfg.rounds, initial=loop.round, desc=self.name, dynamic_ncols=True,
+                   disable=not cfg.progress or not self.rank0)  # fmt: skip
+        start, outcome = time.perf_counter(), "failed"
+        loop.comm.carry(stop_request())  # stop requests ride each round's aggregation
+        try:
+            final = loop.run(lambda logs: self.on_round(logs, bar)) or self.recorded_final()
+            written = self.last_good is not None and self.last_good.name == ckpt.name_of(loop.round)
+            missing = self.rank0 and not written
+            if agree(self.fabric, WRITE_FAILED if missing else 0):  # every process stops
+                why = self.failed or "the final checkpoint was not written"
+                raise WriteFailed(why if self.rank0 else "a write failed on another process",
+                                  loop.round, self.last_good)  # fmt: skip
+            outcome = "complete"
+        except Diverged as err:  # a result, not a crash: reported in the table, the rest go on
+            if self.rank0:
+                print(f"lit_fedco: {err}", file=sys.stderr)
+            final, outcome = {"diverged_round": float(err.round)}, "diverged"
+        except Stopped:
+            outcome = "stopped"
+            raise
+        except WriteFailed as err:
+            self.status["error"] = str(err)
+            raise
+        finally:
+            self.close(outcome, bar)
+        final = {**final, "time_s": time.perf_counter() - start}
+        if self.rank0:
+            per_client = loop.evaluate_clients.last_per_client
+            if per_client is not None:  # every client's final validation accuracy (figures)
+                self.status["per_client"] = [float(v) for v in per_client.tolist()]
+            self.write_status(final=final)
+        return final
+
+    def recorded_final(self) -> dict[str, float]:
+        """The final metrics of a sub-run resumed at its last round (nothing left to run): its
+        record's last row, which is what the rounds left it with; else an evaluation now."""
+        rows = self.history.rows if self.history is not None else []
+        last = rows[-1] if rows else {}
+        if int(last.get("round", -1)) == self.loop.round and "val/acc_avg" in last:
+            return {k: v for k, v in last.items() if k != "round"}
+        return self.loop.evaluate()
+
+    def close(self, outcome: str, bar: Any) -> None:
+        """The progress bar, the loggers, the record's CSV and the status, whatever happened."""
+        bar.close()
+        finalize_loggers(
+            self.loggers, "success" if outcome in ("complete", "diverged") else "failed"
+        )
+        if self.history is not None:
+            history = self.history
+            self.write(str(history.csv), history.close)
+        if self.rank0:
+            last = str(self.last_good) if self.last_good else None
+            self.write_status(state=outcome, round=self.loop.round, last_checkpoint=last)
+
+
 def run_sub(
     fabric: Fabric,
     cfg: DictConfig,
@@ -202,142 +439,24 @@ def run_sub(
     announce: bool = False,
     init: dict[str, Any] | None = None,
     built: Assembly | None = None,
+    note: dict[str, Any] | None = None,
 ) -> tuple[dict[str, float], FederatedLoop]:
     """Run updater ``name`` with ``seed`` into ``folder``, from ``resume_from`` if given; its
     data and updater come from ``built`` (built there once per run).
 
-    ``init`` is the run's shared starting point (:mod:`lit_fedco.experiment.pretrain`): ``{"params":
-    the model parameters, "from": where they come from}``; None: the seeded initialisation.
-    It is recorded in ``status.json`` and the logged config (``init``).
+    ``init`` is the run's shared starting point (:mod:`lit_fedco.experiment.pretrain`):
+    ``{"params": the model parameters, "from": where they come from}``; None: the seeded
+    initialisation. It is recorded in ``status.json`` and the logged config (``init``), as is
+    ``note`` (e.g. where a branched run started).
 
     Returns:
         Its final metrics (``diverged_round`` when it diverged) and the loop.
 
     Raises:
         Stopped: a stop was requested; the checkpoint is saved.
+        WriteFailed: a file could not be written; the run stopped after the round.
         ckpt.CheckpointError: ``resume_from`` does not belong to this run.
     """
-    rank0 = fabric.global_rank == 0
-    built = built or Assembly()
-    data = built.data(cfg, seed)
-    stats = data.partition_stats()
-    if rank0:
-        folder.mkdir(parents=True, exist_ok=True)
-        sweep(folder)  # what a killed run's atomic writes left half-done
-        write_json(folder / "partition.json", stats)
-        if announce:
-            print(format_partition_stats(stats), flush=True)
-    init_params = None if init is None else init["params"]
-    updater, problem = built.updater(cfg, name, seed, init_params)
-    init_record = (
-        pretrain.describe(init["from"], init["params"]) if init is not None
-        else {"from": "seed", "fingerprint": pretrain.fingerprint(updater.params())}
-    )  # fmt: skip
-    identity = identity_of(recipe, cfg, name, seed, data, updater.params())
-    executor = make_executor(run_executor(cfg), cfg.chunk_size)
-    loop = FederatedLoop(
-        fabric, updater, data, loop_config(cfg, seed), executor, DTYPES[cfg.dtype], problem
-    )
-    if resume_from is not None:
-        found = ckpt.load(resume_from)
-        verify(found, identity, resume_from)
-        loop.load_state_dict(found["loop"])
-    status_path = folder / "status.json"
-    status = read_json(status_path) or {}
-    history = History(folder) if rank0 else None
-    resolved = OmegaConf.to_container(cfg, resolve=True)
-    assert isinstance(resolved, dict)
-    # the resolved config as it ran; what the updater says of itself and the partition beside
-    logged = {
-        **resolved,
-        "seed": seed,
-        "describe": updater.describe(),
-        "partition": partition_summary(stats),
-        "init": init_record,
-    }
-    run_label = f"{recipe}-{name}-seed{seed}"
-    wandb_dir = folder.parent  # W&B writes <run folder>/wandb/
-    wandb_id = status.get("wandb_id")
-    loggers = (
-        make_loggers(cfg.tracking, wandb_dir, run_label, cfg.project, logged, wandb_id=wandb_id)
-        if rank0
-        else []
-    )
-    if rank0:
-        status.update(state="running", updater=name, seed=seed, rounds=cfg.rounds)
-        status.setdefault("init", init_record)  # a resumed sub-run keeps where it started
-        status["wandb_id"] = next((getattr(lg, "version", None) for lg in loggers), None)
-        write_json(status_path, status)
-    folder_ck = folder / "checkpoints"
-
-    def save() -> Path | None:
-        if not rank0 or not finite(loop):  # a diverged state never replaces a good one
-            return None
-        path = folder_ck / ckpt.name_of(loop.round)
-        try:
-            folder_ck.mkdir(exist_ok=True)
-            ckpt.save(path, content(loop, identity))
-            ckpt.prune(folder_ck, cfg.checkpoint_keep)
-            if history is not None:
-                history.write_csv()
-        except OSError as err:  # a full disk: the previous checkpoint stays whole; train on
-            print(f"lit_fedco: cannot write {path} ({err.strerror or err}); the previous "
-                  "checkpoint is kept and the run goes on", file=sys.stderr)  # fmt: skip
-            return None
-        return path
-
-    bar = tqdm(total=cfg.rounds, initial=loop.round, desc=name, dynamic_ncols=True,
-               disable=not cfg.progress or not rank0)  # fmt: skip
-
-    def on_round(logs: dict[str, float]) -> None:
-        """Progress, the record, the divergence check, checkpoints and stop requests."""
-        if "val/acc_avg" in logs:
-            bar.set_postfix(avg=f"{logs['val/acc_avg']:.3f}", worst=f"{logs['val/acc_worst']:.3f}")
-        bad = [k for k in ("train/loss", "val/loss_avg") if not math.isfinite(logs.get(k, 0.0))]
-        if bad:
-            raise Diverged(
-                loop.round,
-                f"{name}: {bad[0]} became {logs[bad[0]]} in round {loop.round}; lower the step "
-                f"size ({name}.lr)",
-            )
-        if history is not None and loop.round > history.last_round:
-            history.append(loop.round, logs)
-            for logger in loggers:
-                logger.log_metrics(logs, step=loop.round)
-        bar.update(1)
-        every = cfg.checkpoint_every
-        if loop.round == cfg.rounds or (every and loop.round % every == 0):
-            save()
-        if signum := stop_requested(fabric, loop.comm):
-            raise Stopped(signum, loop.round, save())
-        loop.comm.carry(stop_request())  # rides the next round's aggregation
-
-    start = time.perf_counter()
-    outcome = "failed"
-    loop.comm.carry(stop_request())  # stop requests ride each round's aggregation
-    try:
-        final = loop.run(on_round)
-        outcome = "complete"
-    except Diverged as err:  # a result, not a crash: reported in the table, the rest go on
-        if rank0:
-            print(f"lit_fedco: {err}", file=sys.stderr)
-        final, outcome = {"diverged_round": float(err.round)}, "diverged"
-    except Stopped:
-        outcome = "stopped"
-        raise
-    finally:
-        bar.close()
-        finalize_loggers(loggers, "success" if outcome in ("complete", "diverged") else "failed")
-        if history is not None:
-            history.close()
-        if rank0:
-            status.update(state=outcome, round=loop.round)
-            write_json(status_path, status)
-    final = {**final, "time_s": time.perf_counter() - start}
-    if rank0:
-        status.update(final=final)
-        per_client = loop.evaluate_clients.last_per_client
-        if per_client is not None:  # every client's final validation accuracy (figures)
-            status["per_client"] = [float(v) for v in per_client.tolist()]
-        write_json(status_path, status)
-    return final, loop
+    sub = SubRun(fabric, cfg, name, seed, recipe, folder, init, built or Assembly())
+    sub.open(resume_from, announce, note or {})
+    return sub.run(), sub.loop
