@@ -10,11 +10,18 @@ Every recipe run calls :func:`draw_run` on its own folder when it ends, so its f
   the mean over seeds with a ±1 std band;
 - ``communication``: the same against floats communicated per client;
 - ``clients``: each method's final per-client validation (or, where the recipe's held-out data
-  is a test set, test) accuracy, one point per client and seed;
+  is a test set, test) accuracy, one point per client and seed; only for runs whose headline
+  metrics are accuracies (a ranking loss's accuracy at score 0 says nothing: ``fcsg_auprc``);
 - ``weights``: the DRO client weights over rounds, for the methods that have them.
 
-One colour per method, the same in every figure; the papers' method names. This module reads
-JSON and imports matplotlib only, so it is quick and draws nothing while a run trains.
+One colour per method, the same in every figure; the papers' method names; the legend under
+the panels, where it covers no data. A series of at most :data:`FEW_POINTS` evaluated points
+(a short run: ``rounds=10`` evaluates once, after the last round) is drawn with markers, and a
+single point's ±std as an error bar. Where a run pre-trained (``pretrain``), every method
+starts from the pre-training's model, so its curve is drawn after the pre-training's: its
+rounds and floats are counted from the start of the pre-training, with a dotted line where
+the methods start. This module reads JSON and imports matplotlib only, so it is quick and
+draws nothing while a run trains.
 """
 
 from __future__ import annotations
@@ -35,7 +42,7 @@ NAMES = {
     "fcsg": "FCSG", "fcsg_m": "FCSG-M",
     "acc_fcsg_m": "Acc-FCSG-M", "local_scgd": "Local-SCGD", "local_scgdm": "Local-SCGDM",
     "coda_plus": "CODA+", "fastdro": "FastDRO", "pdsgd": "PDSGD", "gcivr": "GCIVR",
-    "pretrain": "pre-training (its own rounds, before the methods')",
+    "pretrain": "pre-training",
 }  # fmt: skip
 """The papers' names of the registered updaters (others are shown as registered)."""
 COMM = "comm/total_floats_per_client"
@@ -48,6 +55,11 @@ LABELS = {
 }
 """Axis labels of the headline metrics (others: the table's column label)."""
 DEFAULT_COLUMNS = [["val/acc_avg", "val avg acc"], ["val/acc_worst", "val worst acc"]]
+FEW_POINTS = 5
+"""A series with at most this many evaluated points is drawn with markers: a line through one
+point is invisible, and through two or three it hides where the evaluations were."""
+PRETRAIN = "pretrain"
+"""The pre-training's label in a run's record (:mod:`lit_fedco.experiment.pretrain`)."""
 
 
 def display(method: str) -> str:
@@ -97,6 +109,29 @@ def series(runs: list[dict[str, Any]]) -> dict[str, list[list[dict[str, float]]]
     return out
 
 
+def starts(runs: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
+    """Where each series starts on the figures' x axes: ``{label: {"round": r, COMM: f}}``.
+
+    A run that pre-trained starts every method from the pre-training's final model, so its
+    methods start where the pre-training ended: its rounds (``config.pretrain.rounds``, else
+    the pre-training's last evaluated round, which is its last round) and its floats per client
+    (its last evaluated row's, seed 0). The pre-training itself, and every series of a run
+    without one, start at 0.
+    """
+    out: dict[str, dict[str, float]] = {}
+    for rec in runs:
+        pre = [s for s in rec["history"].get(PRETRAIN, []) if s]
+        offset = {"round": 0.0, COMM: 0.0}
+        if pre:
+            last = pre[0][-1]
+            rounds = (rec.get("config") or {}).get("pretrain", {}).get("rounds") or last["round"]
+            offset = {"round": float(rounds), COMM: float(last.get(COMM, 0.0))}
+        for method in rec["history"]:
+            label = method if len(runs) == 1 else f"{method} ({rec['name']})"
+            out[label] = {"round": 0.0, COMM: 0.0} if method == PRETRAIN else offset
+    return out
+
+
 def mean_std(seeds: list[list[dict[str, float]]], x: str, y: str) -> tuple[list, list, list]:
     """x, mean and std over seeds of metric ``y`` at the evaluated rounds all seeds share (x is
     the first seed's value of ``x`` there)."""
@@ -129,6 +164,53 @@ def _figure(ncols: int, width: float = 5.0):  # type: ignore[no-untyped-def]
     return fig, list(axes[0])
 
 
+def _series(ax: Any, xs: list, mean: list, std: list, colour: Any, label: str) -> None:
+    """One method's mean with its ±std band; markers where it has few points, and the band of a
+    single point as an error bar (a band over one x is invisible)."""
+    few = len(xs) <= FEW_POINTS
+    ax.plot(xs, mean, color=colour, label=label, lw=1.6, marker="o" if few else None, ms=4)
+    if len(xs) == 1:
+        if std[0] > 0:
+            ax.errorbar(xs, mean, yerr=std, fmt="none", ecolor=colour, elinewidth=1, capsize=3)
+        return
+    lo = [a - b for a, b in zip(mean, std, strict=True)]
+    hi = [a + b for a, b in zip(mean, std, strict=True)]
+    ax.fill_between(xs, lo, hi, color=colour, alpha=0.18, lw=0)
+
+
+def _from_zero(ax: Any, integer: bool) -> None:
+    """The x axis from 0 (where training starts), with whole-number ticks for rounds."""
+    from matplotlib.ticker import MaxNLocator
+
+    ax.set_xlim(left=0)
+    if integer:
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True, steps=[1, 2, 2.5, 5, 10]))
+
+
+def _legend_below(fig: Any, axes: list[Any]) -> int:
+    """One legend for all panels, under them (it covers no data); returns its rows."""
+    entries: dict[str, Any] = {}
+    for ax in axes:
+        for handle, label in zip(*ax.get_legend_handles_labels(), strict=True):
+            entries.setdefault(label, handle)
+    if not entries:  # every method diverged: nothing drawn
+        return 0
+    ncol = len(entries) if len(entries) <= 4 else 3
+    fig.legend(list(entries.values()), list(entries), loc="lower center", ncol=ncol,
+               fontsize=8, frameon=False)  # fmt: skip
+    rows = math.ceil(len(entries) / ncol)
+    fig.set_size_inches(fig.get_size_inches()[0], fig.get_size_inches()[1] + 0.22 * rows)
+    return rows
+
+
+def _seeds_note(data: dict[str, list[list[dict[str, float]]]]) -> str:
+    """``mean ± std over 3 seeds``, or ``1 seed`` (no band then)."""
+    counts = {len([s for s in seeds if s]) for seeds in data.values()} - {0}
+    if counts == {1}:
+        return "1 seed"
+    return f"mean ± std over {counts.pop()} seeds" if len(counts) == 1 else "mean ± std over seeds"
+
+
 def _save(fig: Any, out: Path, name: str, legend_rows: int = 0) -> list[Path]:
     import matplotlib.pyplot as plt
 
@@ -155,11 +237,13 @@ def draw(runs: list[dict[str, Any]], out: Path, title: str = "") -> dict[str, An
     methods = list(data)
     colour = colours(methods)
     metrics = headline(runs[0]["columns"])
+    start = starts(runs)
+    since = " (incl. pre-training)" if start and max(v["round"] for v in start.values()) else ""
     files: list[Path] = []
     plotted: dict[str, dict[str, dict[str, list[float]]]] = {}
     for name, x, xlabel in (
-        ("curves", "round", "communication round"),
-        ("communication", COMM, "floats communicated per client"),
+        ("curves", "round", "communication round" + since),
+        ("communication", COMM, "floats communicated per client" + since),
     ):
         fig, axes = _figure(len(metrics))
         for ax, (key, label) in zip(axes, metrics, strict=True):
@@ -168,31 +252,28 @@ def draw(runs: list[dict[str, Any]], out: Path, title: str = "") -> dict[str, An
                 if not seeds or (x != "round" and not all(x in r for s in seeds for r in s)):
                     continue
                 xs, mean, std = mean_std(seeds, x, key)
-                ax.plot(xs, mean, color=colour[m], label=display(m), lw=1.6)
-                lo = [a - b for a, b in zip(mean, std, strict=True)]
-                hi = [a + b for a, b in zip(mean, std, strict=True)]
-                ax.fill_between(xs, lo, hi, color=colour[m], alpha=0.18, lw=0)
+                xs = [v + start[m][x] for v in xs]
+                _series(ax, xs, mean, std, colour[m], display(m))
                 plotted.setdefault(f"{name}:{key}", {})[m] = {"x": xs, "y": mean}
+            for i, at in enumerate(sorted({v[x] for v in start.values()} - {0.0})):
+                note = "methods start (pre-trained model)" if i == 0 else None
+                ax.axvline(at, color="grey", ls=":", lw=1, label=note)
             ax.set_xlabel(xlabel)
             ax.set_ylabel(LABELS.get(key, label))
             ax.grid(alpha=0.3)
-            if x == COMM:
-                ax.ticklabel_format(axis="x", style="sci", scilimits=(0, 0))
-        named = bool(axes[-1].get_legend_handles_labels()[0])  # none: every method diverged
-        if named and len(methods) <= 6:
-            axes[-1].legend(fontsize=8, loc="best")
-        elif named:  # many series: one legend under the panels, where it covers no curve
-            handles, labels = axes[0].get_legend_handles_labels()
-            fig.legend(handles, labels, loc="lower center", ncol=3, fontsize=7, frameon=False)
-            fig.set_size_inches(fig.get_size_inches()[0], 3.8 + 0.22 * ((len(methods) + 2) // 3))
+            _from_zero(ax, integer=x == "round")
+            if x == COMM:  # 20M, not 2 with "1e7" in a corner the axis label may cover
+                from matplotlib.ticker import EngFormatter
+
+                ax.xaxis.set_major_formatter(EngFormatter(sep=""))
+        rows = _legend_below(fig, axes)
         if title:
-            fig.suptitle(f"{title}  (mean ± std over seeds)", fontsize=10)
-        files += _save(
-            fig, out, name, legend_rows=0 if len(methods) <= 6 else (len(methods) + 2) // 3
-        )
+            fig.suptitle(f"{title}  ({_seeds_note(data)})", fontsize=10)
+        files += _save(fig, out, name, legend_rows=rows)
     labels = {"clients": f"final {runs[0].get('evaluated_on', 'validation')} accuracy per client"}
-    files += _clients(runs, methods, colour, out, title, plotted, labels["clients"])
-    files += _weights(data, methods, colour, out, title, plotted)
+    if any("acc" in key for key, _ in metrics):
+        files += _clients(runs, methods, colour, out, title, plotted, labels["clients"])
+    files += _weights(data, methods, colour, out, title, plotted, start)
     return {"files": files, "plotted": plotted, "labels": labels}
 
 
@@ -222,7 +303,7 @@ def _clients(runs, methods, colour, out, title, plotted, ylabel) -> list[Path]: 
     return _save(fig, out, "clients")
 
 
-def _weights(data, methods, colour, out, title, plotted) -> list[Path]:  # type: ignore[no-untyped-def]
+def _weights(data, methods, colour, out, title, plotted, start) -> list[Path]:  # type: ignore[no-untyped-def]
     have = [m for m in methods if any("dro/weight_client0" in r for s in data[m] for r in s)]
     if not have:
         return []
@@ -230,15 +311,16 @@ def _weights(data, methods, colour, out, title, plotted) -> list[Path]:  # type:
     for ax, m in zip(axes, have, strict=True):
         rows = [r for r in data[m][0] if "dro/weight_client0" in r]
         k = sum(1 for key in rows[0] if key.startswith("dro/weight_client"))
+        xs = [r["round"] + start[m]["round"] for r in rows]
+        marker = "o" if len(rows) <= FEW_POINTS else None
         for c in range(k):
             ys = [r[f"dro/weight_client{c}"] for r in rows]
-            ax.plot([r["round"] for r in rows], ys, lw=1.2, alpha=0.85, label=f"client {c}")
-            plotted.setdefault(f"weights:{m}", {})[f"client{c}"] = {
-                "x": [r["round"] for r in rows], "y": ys,
-            }  # fmt: skip
+            ax.plot(xs, ys, lw=1.2, alpha=0.85, label=f"client {c}", marker=marker, ms=3)
+            plotted.setdefault(f"weights:{m}", {})[f"client{c}"] = {"x": xs, "y": ys}
         ax.axhline(1 / k, color="grey", ls="--", lw=1, label="uniform 1/K")
         ax.set_title(f"{display(m)}: client weights (seed 0)", fontsize=10, color=colour[m])
         ax.set_xlabel("communication round")
+        _from_zero(ax, integer=True)
         ax.set_ylabel("client weight λ_k")
         ax.grid(alpha=0.3)
         if k <= 12:
