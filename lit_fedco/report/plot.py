@@ -14,7 +14,8 @@ Every recipe run calls :func:`draw_run` on its own folder when it ends, so its f
   metrics are accuracies (a ranking loss's accuracy at score 0 says nothing: ``fcsg_auprc``);
 - ``weights``: the DRO client weights over rounds, for the methods that have them.
 
-One colour per method, the same in every figure; the papers' method names; the legend under
+One colour and line style per method, the same in every figure (curves that coincide stay
+visible); the papers' method names; the legend under
 the panels, where it covers no data. A series of at most :data:`FEW_POINTS` evaluated points
 (a short run: ``rounds=10`` evaluates once, after the last round) is drawn with markers, and a
 single point's ±std as an error bar. Where a run pre-trained (``pretrain``), every method
@@ -59,6 +60,9 @@ FEW_POINTS = 5
 """A series with at most this many evaluated points is drawn with markers: a line through one
 point is invisible, and through two or three it hides where the evaluations were."""
 PRETRAIN = "pretrain"
+STYLES = ("-", "--", ":", "-.")
+"""Line styles by method, with the colour: methods whose curves coincide (FCSG, FCSG-M and
+Acc-FCSG-M at β = 0.9) stay visible, a dashed or dotted line over a solid one."""
 """The pre-training's label in a run's record (:mod:`lit_fedco.experiment.pretrain`)."""
 
 
@@ -164,11 +168,14 @@ def _figure(ncols: int, width: float = 5.0):  # type: ignore[no-untyped-def]
     return fig, list(axes[0])
 
 
-def _series(ax: Any, xs: list, mean: list, std: list, colour: Any, label: str) -> None:
-    """One method's mean with its ±std band; markers where it has few points, and the band of a
-    single point as an error bar (a band over one x is invisible)."""
+def _series(ax: Any, xs: list, mean: list, std: list, colour: Any, label: str, i: int) -> None:
+    """Method ``i``'s mean with its ±std band; markers where it has few points, and the band of
+    a single point as an error bar (a band over one x is invisible). Solid lines are drawn
+    under broken ones (:data:`STYLES`)."""
     few = len(xs) <= FEW_POINTS
-    ax.plot(xs, mean, color=colour, label=label, lw=1.6, marker="o" if few else None, ms=4)
+    style = STYLES[i % len(STYLES)]
+    ax.plot(xs, mean, color=colour, label=label, lw=1.6, ls=style, marker="o" if few else None,
+            ms=4, zorder=2 + 0.1 * STYLES.index(style))  # fmt: skip
     if len(xs) == 1:
         if std[0] > 0:
             ax.errorbar(xs, mean, yerr=std, fmt="none", ecolor=colour, elinewidth=1, capsize=3)
@@ -247,13 +254,13 @@ def draw(runs: list[dict[str, Any]], out: Path, title: str = "") -> dict[str, An
     ):
         fig, axes = _figure(len(metrics))
         for ax, (key, label) in zip(axes, metrics, strict=True):
-            for m in methods:
+            for i, m in enumerate(methods):
                 seeds = [s for s in data[m] if s and any(key in r for r in s)]
                 if not seeds or (x != "round" and not all(x in r for s in seeds for r in s)):
                     continue
                 xs, mean, std = mean_std(seeds, x, key)
                 xs = [v + start[m][x] for v in xs]
-                _series(ax, xs, mean, std, colour[m], display(m))
+                _series(ax, xs, mean, std, colour[m], display(m), i)
                 plotted.setdefault(f"{name}:{key}", {})[m] = {"x": xs, "y": mean}
             for i, at in enumerate(sorted({v[x] for v in start.values()} - {0.0})):
                 note = "methods start (pre-trained model)" if i == 0 else None
