@@ -226,3 +226,12 @@ def test_a_run_of_two_rounds_is_evaluated_after_its_last_round(tmp_path, monkeyp
     figures = drawn_figures(monkeypatch, rec, tmp_path / "figs")
     assert hidden_series(figures) == []
     assert figures["curves"].texts[0].get_text() == "comfedl_dro  (1 seed)"
+
+
+def test_single_points_at_one_round_are_spread_apart_and_longer_series_stay():
+    shifts = plot._dodge([[2.0], [2.0], [2.0], [1.0, 2.0], [2.01]])
+    assert shifts[3] == 0.0  # a series of two points is not moved
+    drawn = [x + dx for x, dx in zip([2.0, 2.0, 2.0, 2.01], shifts[:3] + shifts[4:], strict=True)]
+    assert drawn == sorted(drawn) and len(set(drawn)) == 4  # apart, in the order of their x
+    assert max(drawn) - min(drawn) <= 0.1 * 2.01 + 1e-12
+    assert plot._dodge([[1.0], [2.0]]) == [0.0, 0.0]  # far apart: where they are

@@ -15,14 +15,14 @@ Every recipe run calls :func:`draw_run` on its own folder when it ends, so its f
 - ``weights``: the DRO client weights over rounds, for the methods that have them.
 
 One colour and line style per method, the same in every figure (curves that coincide stay
-visible); the papers' method names; the legend under
-the panels, where it covers no data. A series of at most :data:`FEW_POINTS` evaluated points
-(a short run: ``rounds=10`` evaluates once, after the last round) is drawn with markers, and a
-single point's ±std as an error bar. Where a run pre-trained (``pretrain``), every method
-starts from the pre-training's model, so its curve is drawn after the pre-training's: its
-rounds and floats are counted from the start of the pre-training, with a dotted line where
-the methods start. This module reads JSON and imports matplotlib only, so it is quick and
-draws nothing while a run trains.
+visible); the papers' method names; the legend under the panels, where it covers no data. A
+series of at most :data:`FEW_POINTS` evaluated points (a short run: ``rounds=10`` evaluates
+once, after the last round) is drawn with markers, and a single point's ±std as an error bar;
+single points at the same x are spread a little sideways. Where a run pre-trained
+(``pretrain``), every method starts from the pre-training's model, so its curve is drawn after
+the pre-training's: its rounds and floats are counted from the start of the pre-training, with
+a dotted line where the methods start. This module reads JSON and imports matplotlib only, so
+it is quick and draws nothing while a run trains.
 """
 
 from __future__ import annotations
@@ -185,11 +185,38 @@ def _series(ax: Any, xs: list, mean: list, std: list, colour: Any, label: str, i
     ax.fill_between(xs, lo, hi, color=colour, alpha=0.18, lw=0)
 
 
+def _dodge(xss: list[list[float]]) -> list[float]:
+    """Sideways shifts for single-point series whose x is within 1.5 % of the axis of another
+    one's (the same round, or nearly the same floats): each such group is spread evenly around
+    its middle, 1.5 % of the axis apart and over 10 % at most, in the order of their x, so that
+    their markers and error bars do not hide each other. Longer series stay where they are."""
+    span = max((max(xs) for xs in xss if xs), default=0.0) or 1.0
+    near = 0.015 * span
+    single = sorted((xs[0], j) for j, xs in enumerate(xss) if len(xs) == 1)
+    groups: list[list[tuple[float, int]]] = []
+    for x, j in single:
+        if groups and x - groups[-1][-1][0] < near:
+            groups[-1].append((x, j))
+        else:
+            groups.append([(x, j)])
+    out = [0.0] * len(xss)
+    for group in groups:
+        if len(group) < 2:
+            continue
+        middle = statistics.fmean(x for x, _ in group)
+        step = span * min(0.015, 0.1 / (len(group) - 1))
+        for k, (x, j) in enumerate(group):
+            out[j] = middle + (k - (len(group) - 1) / 2) * step - x
+    return out
+
+
 def _from_zero(ax: Any, integer: bool) -> None:
-    """The x axis from 0 (where training starts), with whole-number ticks for rounds."""
+    """The x axis from 0 (where training starts) to 4 % past the last point (a marker at the
+    edge would be cut in half), with whole-number ticks for rounds."""
     from matplotlib.ticker import MaxNLocator
 
-    ax.set_xlim(left=0)
+    last = ax.dataLim.x1
+    ax.set_xlim(0, 1.04 * last if math.isfinite(last) and last > 0 else None)
     if integer:
         ax.xaxis.set_major_locator(MaxNLocator(integer=True, steps=[1, 2, 2.5, 5, 10]))
 
@@ -235,7 +262,8 @@ def draw(runs: list[dict[str, Any]], out: Path, title: str = "") -> dict[str, An
 
     Returns:
         ``{"files": [...], "plotted": {figure: {method: {"x": [...], "y": [...]}}},
-        "labels": {figure: y label}}`` — the series exactly as drawn (the mean over seeds), for
+        "labels": {figure: y label}}`` — the series as drawn (the mean over seeds; x where it
+        belongs, before single points sharing an x are spread sideways, :func:`_dodge`), for
         tests and tables, and the ``clients`` figure's axis label (it names the data the first
         run evaluated on: validation, or test).
     """
@@ -254,14 +282,18 @@ def draw(runs: list[dict[str, Any]], out: Path, title: str = "") -> dict[str, An
     ):
         fig, axes = _figure(len(metrics))
         for ax, (key, label) in zip(axes, metrics, strict=True):
+            drawn = []
             for i, m in enumerate(methods):
                 seeds = [s for s in data[m] if s and any(key in r for r in s)]
                 if not seeds or (x != "round" and not all(x in r for s in seeds for r in s)):
                     continue
                 xs, mean, std = mean_std(seeds, x, key)
                 xs = [v + start[m][x] for v in xs]
-                _series(ax, xs, mean, std, colour[m], display(m), i)
+                drawn.append((i, m, xs, mean, std))
                 plotted.setdefault(f"{name}:{key}", {})[m] = {"x": xs, "y": mean}
+            shifts = _dodge([xs for _, _, xs, _, _ in drawn])
+            for (i, m, xs, mean, std), dx in zip(drawn, shifts, strict=True):
+                _series(ax, [v + dx for v in xs], mean, std, colour[m], display(m), i)
             for i, at in enumerate(sorted({v[x] for v in start.values()} - {0.0})):
                 note = "methods start (pre-trained model)" if i == 0 else None
                 ax.axvline(at, color="grey", ls=":", lw=1, label=note)
@@ -293,7 +325,7 @@ def _clients(runs, methods, colour, out, title, plotted, ylabel) -> list[Path]: 
     per = {m: v for m, v in per.items() if v}
     if not per:
         return []
-    fig, (ax,) = _figure(1, width=max(5.0, 1.1 * len(per)))
+    fig, (ax,) = _figure(1, width=min(12.0, max(5.0, 1.1 * len(per))))
     for i, m in enumerate(methods):
         if m not in per:
             continue
@@ -302,7 +334,8 @@ def _clients(runs, methods, colour, out, title, plotted, ylabel) -> list[Path]: 
         ax.scatter(jitter, v, s=12, color=colour[m], alpha=0.75)
         ax.hlines(statistics.fmean(v), i - 0.3, i + 0.3, color=colour[m], lw=2)
         plotted.setdefault("clients", {})[m] = {"x": [float(i)] * len(v), "y": v}
-    ax.set_xticks(range(len(methods)), [display(m) for m in methods], rotation=25, ha="right")
+    tilt = 25 if len(methods) <= 8 else 45  # many methods in at most 12 inches: steeper labels
+    ax.set_xticks(range(len(methods)), [display(m) for m in methods], rotation=tilt, ha="right")
     ax.set_ylabel(ylabel)
     ax.grid(alpha=0.3, axis="y")
     if title:
