@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-import gzip
-import struct
+import warnings
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -12,8 +11,15 @@ import pytest
 import torch
 
 from lit_fedco.core.errors import ConfigError
-from lit_fedco.data import BatchSampler, FederatedData, build_federated, make_federated
+from lit_fedco.data import (
+    BatchSampler,
+    FederatedData,
+    build_federated,
+    format_partition_stats,
+    make_federated,
+)
 from lit_fedco.data.sources import load_digits_arrays, load_mnist, load_source
+from tests.idx_files import make_set, write_idx
 
 
 def digits(**kw) -> FederatedData:
@@ -41,27 +47,6 @@ def cache_in_tmp(tmp_path, monkeypatch):
     cache = tmp_path / "cache"
     monkeypatch.setenv("XDG_CACHE_HOME", str(cache))
     return cache / "lit_fedco" / "idx"
-
-
-def write_idx(folder: Path, prefix: str, images: np.ndarray, labels: np.ndarray, gz: bool) -> None:
-    """Write images [n, 28, 28] uint8 and labels [n] in the IDX format (magic 2051 / 2049)."""
-    folder.mkdir(parents=True, exist_ok=True)
-    img = struct.pack(">IIII", 2051, len(images), 28, 28) + images.astype(np.uint8).tobytes()
-    lab = struct.pack(">II", 2049, len(labels)) + labels.astype(np.uint8).tobytes()
-    for name, payload in (
-        (f"{prefix}-images-idx3-ubyte", img),
-        (f"{prefix}-labels-idx1-ubyte", lab),
-    ):
-        if gz:
-            with gzip.open(folder / f"{name}.gz", "wb") as f:
-                f.write(payload)
-        else:
-            (folder / name).write_bytes(payload)
-
-
-def make_set(n: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
-    g = np.random.default_rng(seed)
-    return g.integers(0, 256, (n, 28, 28), dtype=np.uint8), g.integers(0, 10, n).astype(np.uint8)
 
 
 # --- sources ---------------------------------------------------------------------------------
@@ -124,6 +109,84 @@ def test_only_the_test_split_is_split_80_20(tmp_path):
     assert len(y) + len(yt) == 50 and len(yt) == pytest.approx(10, abs=3) and c == 10
     with pytest.raises(ConfigError, match=r"train-images-idx3-ubyte.*only the test split is there"):
         load_mnist(tmp_path, train=True)
+
+
+def marked_set(n: int, seed: int, mark: int) -> tuple[np.ndarray, np.ndarray]:
+    """``make_set`` with every image's first pixel set to ``mark``: where a row came from."""
+    images, labels = make_set(n, seed)
+    images[:, 0, 0] = mark
+    return images, labels
+
+
+def idx_spec(root: Path, name: str, **kw) -> SimpleNamespace:
+    cfg = dict(name=name, data_dir=str(root), partition="iid", num_clients=4, big=0, small=0,
+               small_classes=0, alpha=0.5, rho=0.28, val_per_client=3, seed=0)  # fmt: skip
+    cfg.update(kw)
+    return SimpleNamespace(**cfg)
+
+
+@pytest.mark.parametrize(
+    "layout,gz", [("torchvision", True), ("torchvision", False), ("flat", True), ("flat", False)]
+)
+@pytest.mark.parametrize("name", ["mnist", "fashion_mnist"])
+def test_a_folder_with_the_training_files_gives_the_standard_split(tmp_path, layout, gz, name):
+    """train-* are the training pool, t10k-* the held-out pool (the papers' split), and the run
+    says so; without train-* the test files alone are split 80/20, with a warning."""
+    root = tmp_path / "data"
+    sub = {"mnist": "MNIST", "fashion_mnist": "FashionMNIST"}[name]
+    folder = root / sub / "raw" if layout == "torchvision" else root
+    train, test = marked_set(40, 1, mark=11), marked_set(20, 2, mark=222)
+    write_idx(folder, "train", *train, gz=gz)
+    write_idx(folder, "t10k", *test, gz=gz)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the standard split is no warning
+        x, y, x_te, y_te, c = load_source(name, root)
+    assert (len(y), len(y_te), c) == (40, 20, 10)
+    np.testing.assert_allclose(x.squeeze(1).numpy(), train[0] / 255.0, rtol=0, atol=1e-7)
+    np.testing.assert_allclose(x_te.squeeze(1).numpy(), test[0] / 255.0, rtol=0, atol=1e-7)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        data = make_federated(idx_spec(root, name))
+    first = (data.x_train[:, 0, 0, 0] * 255).round()
+    assert data.sizes("train").sum() == 40 and bool((first == 11).all())
+    held = (data.x_val[:, 0, 0, 0] * 255).round()
+    assert data.sizes("val").sum() == 12 and bool((held == 222).all())  # rows of t10k only
+    stats = data.partition_stats()
+    assert stats["source"].startswith(f"{name}'s standard split from {root}")
+    assert "train-*, 40 images" in stats["source"] and "t10k-*, 20" in stats["source"]
+    assert format_partition_stats(stats).splitlines()[-1] == f"  data: {stats['source']}"
+
+    # the same folder without the training files: t10k's 20 images split 80/20 (by class)
+    for f in folder.glob("train-*"):
+        f.unlink()
+    with pytest.warns(UserWarning, match=f"only the {name} test split"):
+        data = make_federated(idx_spec(root, name, val_per_client=1))
+    assert bool(((data.x_train[:, 0, 0, 0] * 255).round() == 222).all())
+    assert bool(((data.x_val[:, 0, 0, 0] * 255).round() == 222).all())
+    source = data.partition_stats()["source"]
+    assert source.startswith(f"{name}'s test files (t10k-*) alone from {root}, split 80/20")
+    n_train = int(data.sizes("train").sum())
+    assert n_train in (15, 16, 17) and f"{n_train} training and {20 - n_train} held-out" in source
+
+
+def test_the_binary_task_tests_on_the_whole_test_file(tmp_path):
+    """FCSG §5.3's AUPRC data (val_mode=all): every t10k row is a validation row, once; the
+    training rows are the train-* file's less the dropped positives."""
+    train, test = marked_set(40, 3, mark=11), marked_set(20, 4, mark=222)
+    write_idx(tmp_path, "train", *train, gz=True)
+    write_idx(tmp_path, "t10k", *test, gz=False)
+    data = make_federated(idx_spec(tmp_path, "mnist", binary=True, drop_positive=0.5,
+                                   val_mode="all"))  # fmt: skip
+    assert data.num_classes == 2 and data.sizes("val").sum() == 20
+    assert sorted(data.y_val.tolist()) == sorted((test[1] >= 5).astype(int).tolist())
+    positives = int((train[1] >= 5).sum())
+    assert data.sizes("train").sum() == 40 - round(0.5 * positives)
+    assert bool(((data.x_train[:, 0, 0, 0] * 255).round() == 11).all())
+    assert "standard split" in data.partition_stats()["source"]
+
+
+def test_the_embedded_digits_record_no_source():
+    assert "source" not in digits().partition_stats()
 
 
 def test_missing_files_say_where_and_how(tmp_path):

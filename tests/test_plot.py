@@ -4,6 +4,7 @@ in one figure; the run's results keep every evaluated round."""
 
 from __future__ import annotations
 
+import importlib
 import json
 import statistics
 from pathlib import Path
@@ -12,7 +13,8 @@ import pytest
 
 from lit_fedco.cli import run as main
 from lit_fedco.recipes.comfedl_dro import DEFAULTS
-from lit_fedco.report.plot import draw, load_run
+from lit_fedco.report import plot
+from lit_fedco.report.plot import COMM, DEFAULT_COLUMNS, draw, load_run
 from lit_fedco.report.plot import main as plot_main
 from tests.helpers import override
 
@@ -110,3 +112,127 @@ def test_a_recipe_evaluated_on_a_test_set_says_so(runs, tmp_path, capsys):
     assert draw([load_run(t)], tmp_path / "test")["labels"]["clients"] == (
         "final test accuracy per client"
     )
+
+
+# --- few evaluated points: every series stays visible -----------------------------------------
+
+RECIPES = ["comfedl_dro", "comfedl_maml", "ds_feddro", "feddro", "feddro_fairness", "fcsg_auprc",
+           "fcsg_invariant", "fcsg_maml"]  # fmt: skip
+
+
+def record_at(recipe: str, rounds: int, seeds: int = 3) -> dict:
+    """What the recipe's default run at ``rounds`` records, faked: one evaluated row per seed,
+    after the last round (``rounds`` below every recipe's ``eval_every``), per method and
+    variant; the pre-training's rows at its own evaluations; DRO weights for every method (so
+    that each figure kind is drawn)."""
+    mod = importlib.import_module(f"lit_fedco.recipes.{recipe}")
+    defaults, columns = mod.DEFAULTS, [list(c) for c in getattr(mod, "COLUMNS", DEFAULT_COLUMNS)]
+    variants = [" ".join(v) if isinstance(v, list) else v for v in defaults.get("variants", [])]
+    methods = (
+        [f"{u} [{v}]" for v in variants for u in defaults["updaters"]]
+        if variants
+        else list(defaults["updaters"])
+    )
+    pre = defaults.get("pretrain", {}).get("rounds", 0)
+    every = defaults.get("eval_every", 10)
+
+    def row(r: int, i: int, s: int) -> dict:
+        out = {"round": r, COMM: 1000.0 * r, "val/acc_avg": 0.5 + 0.01 * i + 0.002 * s}
+        out.update({k: 0.4 + 0.01 * i + 0.003 * s + 0.001 * r for k, _ in columns if k != COMM})
+        out.update({f"dro/weight_client{k}": 0.1 + 0.01 * (k - 2) * s for k in range(5)})
+        return out
+
+    history = {
+        m: [[row(rounds, i, s)] for s in range(seeds)] for i, m in enumerate(methods)
+    }  # fmt: skip
+    if pre:
+        evals = [*range(every, pre + 1, every), *([pre] if pre % every else [])]
+        history = {"pretrain": [[row(r, 9, s) for r in evals] for s in range(seeds)], **history}
+    return {
+        "name": recipe, "recipe": recipe, "config": {"pretrain": {"rounds": pre}},
+        "columns": columns, "evaluated_on": "validation",
+        "results": {m: [h[-1] for h in hs] for m, hs in history.items()},
+        "history": history,
+        "per_client": {m: [[0.5, 0.6, 0.7]] * seeds for m in history},
+    }  # fmt: skip
+
+
+def drawn_figures(monkeypatch, rec: dict, out: Path) -> dict:
+    """``draw`` on ``rec``, keeping the matplotlib figures it saved: {name: Figure}."""
+    kept = {}
+    save = plot._save
+
+    def keep(fig, folder, name, legend_rows=0):
+        kept[name] = fig
+        return save(fig, folder, name, legend_rows)
+
+    monkeypatch.setattr(plot, "_save", keep)
+    draw([rec], out, rec["recipe"])
+    return kept
+
+
+def hidden_series(figures: dict) -> list[str]:
+    """Data lines a reader cannot see or place: one point, or a few, without markers, or a
+    single point outside its axes' limits (reference lines, axhline / axvline, are skipped)."""
+    bad = []
+    for name, fig in figures.items():
+        for ax in fig.axes:
+            for line in ax.get_lines():
+                if line.get_transform() != ax.transData or not line.get_visible():
+                    continue
+                x, y = list(line.get_xdata()), list(line.get_ydata())
+                marker = line.get_marker() not in (None, "None", "none", "", " ")
+                what = f"{name}: {line.get_label()!r} ({len(x)} points)"
+                if len(x) <= plot.FEW_POINTS and not (marker and line.get_markersize() > 0):
+                    bad.append(what)
+                (lo, hi), (bot, top) = ax.get_xlim(), ax.get_ylim()
+                if len(x) == 1 and not (lo <= x[0] <= hi and bot <= y[0] <= top):
+                    bad.append(what + " outside the axes")
+    return bad
+
+
+@pytest.mark.parametrize("recipe", RECIPES)
+def test_no_series_of_a_two_round_run_is_invisible(recipe, monkeypatch, tmp_path):
+    rec = record_at(recipe, rounds=2)
+    figures = drawn_figures(monkeypatch, rec, tmp_path)
+    assert {"curves", "communication", "weights"} <= set(figures)
+    assert ("clients" in figures) == (recipe != "fcsg_auprc")  # AP: no accuracy per client
+    assert hidden_series(figures) == []
+    lines = [ln for ax in figures["curves"].axes for ln in ax.get_lines()]
+    assert sum(len(ln.get_xdata()) == 1 for ln in lines) >= len(rec["history"]) - 1
+
+
+def test_a_pre_trained_run_draws_its_methods_after_the_pre_training(monkeypatch, tmp_path):
+    rec = record_at("fcsg_auprc", rounds=2, seeds=2)
+    done = draw([rec], tmp_path)
+    curves = done["plotted"]["curves:val/ap"]
+    assert curves["pretrain"]["x"] == [10, 20]  # its own rounds
+    assert curves["fedavg"]["x"] == [22]  # 20 rounds of pre-training, then 2
+    comm = done["plotted"]["communication:val/ap"]
+    assert comm["fedavg"]["x"] == [20000.0 + 2000.0]
+    figures = drawn_figures(monkeypatch, rec, tmp_path / "again")
+    (ax, *_) = figures["curves"].axes
+    assert "pre-training" in ax.get_xlabel() and ax.get_xlim()[0] == 0
+    assert figures["curves"].texts[0].get_text() == "fcsg_auprc  (mean ± std over 2 seeds)"
+
+
+def test_a_run_of_two_rounds_is_evaluated_after_its_last_round(tmp_path, monkeypatch):
+    """A real run: ``rounds=2`` with the default ``eval_every`` (20) evaluates once, after round
+    2 (the loop evaluates the last round), and that point is drawn with a marker."""
+    main("comfedl_dro", DEFAULTS, ["rounds=2", "seeds=[0]", "tracking=[none]", "progress=false",
+                                   "data.big=200", "updaters=[comfedl,drfl]",
+                                   f"out_dir={tmp_path}", "run_name=two"])  # fmt: skip
+    rec = load_run(tmp_path / "comfedl_dro" / "two")
+    assert [[r["round"] for r in s] for s in rec["history"]["comfedl"]] == [[2]]
+    figures = drawn_figures(monkeypatch, rec, tmp_path / "figs")
+    assert hidden_series(figures) == []
+    assert figures["curves"].texts[0].get_text() == "comfedl_dro  (1 seed)"
+
+
+def test_single_points_at_one_round_are_spread_apart_and_longer_series_stay():
+    shifts = plot._dodge([[2.0], [2.0], [2.0], [1.0, 2.0], [2.01]])
+    assert shifts[3] == 0.0  # a series of two points is not moved
+    drawn = [x + dx for x, dx in zip([2.0, 2.0, 2.0, 2.01], shifts[:3] + shifts[4:], strict=True)]
+    assert drawn == sorted(drawn) and len(set(drawn)) == 4  # apart, in the order of their x
+    assert max(drawn) - min(drawn) <= 0.1 * 2.01 + 1e-12
+    assert plot._dodge([[1.0], [2.0]]) == [0.0, 0.0]  # far apart: where they are

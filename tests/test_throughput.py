@@ -12,6 +12,7 @@ import torch
 
 from lit_fedco.benchmarks import throughput as T
 from tests.helpers import REPO
+from tests.idx_files import make_set, write_idx
 
 KEYS = {"workload", "clients", "impl", "threads", "client_steps_per_s"}
 
@@ -26,7 +27,7 @@ def keep_threads():
 def test_tiny_run_writes_a_record_per_workload_and_impl(tmp_path, capsys, keep_threads):
     out = tmp_path / "t.json"
     argv = ["--workloads", *T.WORKLOADS, "--clients", "1", "--threads", "1", "--repeat", "2",
-            "--min-time", "0", "--check-rounds", "1", "--fashion-dir", "",
+            "--min-time", "0", "--check-rounds", "1", "--data-dir", "",
             "--json", str(out)]  # fmt: skip
     returned = T.main(argv)
     records = json.loads(out.read_text())
@@ -53,7 +54,7 @@ def test_tiny_run_writes_a_record_per_workload_and_impl(tmp_path, capsys, keep_t
 
 
 def tiny(name: str = "conv", **kw) -> T.Workload:
-    (w,) = T.make_workloads([name], [3], quick=True, fashion_dir="")
+    (w,) = T.make_workloads([name], [3], quick=True, data_dir="")
     return T.Workload(**{**w.__dict__, **kw})
 
 
@@ -89,7 +90,7 @@ def test_workload_shapes():
     pfl = T.Workload("conv", "cnn", "fashion_mnist", 1000, 50, 50, 5, 10, 0.05, 128)
     if T.fashion_present(T.FASHION_DIR):
         assert T.make_workloads(["conv"], None, quick=False) == [pfl]
-    (conv,) = T.make_workloads(["conv"], None, quick=True, fashion_dir="")
+    (conv,) = T.make_workloads(["conv"], None, quick=True, data_dir="")
     assert (conv.data, conv.cohort, conv.local_steps, conv.batch_size) == ("digits", 10, 5, 10)
     logreg = T.make_workloads(["logreg"], None, quick=False)
     assert [(w.clients, w.cohort, w.local_steps, w.batch_size) for w in logreg] == [
@@ -101,8 +102,53 @@ def test_workload_shapes():
 
 
 @pytest.mark.parametrize(
+    "flag,layout,name",
+    [("--data-dir", "flat", "mnist"), ("--fashion-dir", "FashionMNIST/raw", "fashion_mnist")],
+)
+def test_conv_runs_on_idx_files_from_a_folder(tmp_path, capsys, keep_threads, monkeypatch, flag,
+                                              layout, name):  # fmt: skip
+    """--data-dir takes MNIST (or Fashion-MNIST) IDX files for the conv workload, and the
+    records and the output say which data ran; --fashion-dir is --data-dir for Fashion-MNIST."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    root = tmp_path / "idx"
+    folder = root if layout == "flat" else root / layout
+    write_idx(folder, "train", *make_set(60, 1), gz=True)
+    write_idx(folder, "t10k", *make_set(10, 2), gz=False)
+    argv = ["--workloads", "conv", "--clients", "1", "--threads", "1", "--repeat", "1",
+            "--min-time", "0", "--check-rounds", "1", flag, str(root)]  # fmt: skip
+    records = T.main(argv)
+    assert {(r["data"], r["data_dir"], r["per_client"]) for r in records} == {(name, str(root), 50)}
+    assert all(r["agrees"] is not False for r in records)
+    out = capsys.readouterr().out
+    assert f"conv data: {name} from {root}" in out
+    assert ("fmnist" if name == "fashion_mnist" else "mnist") + " K=1" in out
+
+
+def test_which_idx_data_a_folder_holds(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    for sub in ("MNIST/raw", "FashionMNIST/raw"):
+        write_idx(tmp_path / "tv" / sub, "train", *make_set(2, 0), gz=False)
+    assert T.idx_source(str(tmp_path / "tv")) == "mnist"  # the first layout found
+    assert T.idx_source(str(tmp_path / "tv"), "fashion_mnist") == "fashion_mnist"
+    write_idx(tmp_path / "flat", "train", *make_set(2, 0), gz=True)
+    write_idx(tmp_path / "flat", "t10k", *make_set(2, 1), gz=True)
+    write_idx(tmp_path / "my-fashion-files", "train", *make_set(2, 0), gz=True)
+    assert T.idx_source(str(tmp_path / "flat")) == "mnist"
+    assert T.idx_source(str(tmp_path / "my-fashion-files")) == "fashion_mnist"
+    assert T.idx_source(str(tmp_path / "flat"), "fashion_mnist") == "fashion_mnist"  # as told
+    write_idx(tmp_path / "t10k-only", "t10k", *make_set(2, 0), gz=True)
+    assert T.idx_source(str(tmp_path / "t10k-only")) == "" == T.idx_source("")
+    (conv,) = T.make_workloads(["conv"], [2], quick=True, data_dir=str(tmp_path / "flat"))
+    assert (conv.data, conv.clients, conv.per_client) == ("mnist", 2, 50)
+    with pytest.raises(ValueError, match=r"has 2 training images; conv needs 2 clients × 50"):
+        T.build_data(conv, 0, str(tmp_path / "flat"))
+
+
+@pytest.mark.parametrize(
     "argv",
     [
+        ["--data-dir", "/nonexistent-folder"],
+        ["--data-dir", "/tmp", "--fashion-dir", "/tmp"],
         ["--clients", "0"],
         ["--workloads", "lenet"],
         ["--repeat", "0"],

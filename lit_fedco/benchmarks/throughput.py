@@ -2,7 +2,7 @@
 
     python -m lit_fedco.benchmarks.throughput [--workloads logreg conv resnet20 cnn4]
         [--clients K ...] [--threads N ...] [--repeat 2] [--quick] [--json PATH]
-        [--device cpu|cuda] [--profile vectorized]
+        [--device cpu|cuda] [--profile vectorized] [--data-dir DIR [--data-name mnist]]
 
 Each workload is FedAvg (the same learning rate everywhere) run three ways on the same data:
 
@@ -65,7 +65,11 @@ IMPLS = ("plain", "vectorized", "sequential")
 WORKLOADS = ("logreg", "conv", "resnet20", "cnn4")
 CONV_MODELS = ("cnn", "simple_cnn")
 FASHION_DIR = "/usr/share/datasets/fashion-mnist"
-FASHION_TRAIN = 60_000
+"""Where Debian's ``dataset-fashion-mnist`` puts its files: the conv data if no folder is given."""
+IDX_TRAIN = 60_000
+"""Training images of MNIST and Fashion-MNIST."""
+FASHION_TRAIN = IDX_TRAIN  # the name before --data-dir
+IDX_SOURCES = ("mnist", "fashion_mnist")
 AGREE_TOL = 1e-9
 """Relative max-norm difference allowed between final models (float64): ‖a − b‖∞ / max(1,
 ‖a‖∞). The implementations differ only in the order of floating-point sums (batched against
@@ -82,7 +86,8 @@ class Workload:
     Attributes:
         name: ``logreg``, ``conv``, ``resnet20`` or ``cnn4``.
         model: a :func:`lit_fedco.core.models.build_model` name, or ``simple_cnn``.
-        data: ``digits``, ``fashion_mnist`` or ``synthetic`` (seeded CIFAR-shaped noise).
+        data: ``digits``, ``mnist``, ``fashion_mnist`` (IDX files from a folder) or
+            ``synthetic`` (seeded CIFAR-shaped noise).
         clients: K, clients holding data.
         cohort: m, clients sampled per round.
         per_client: training images per client (0: an IID split of the whole pool).
@@ -117,17 +122,37 @@ class Workload:
         )
 
 
-def fashion_present(folder: str) -> bool:
-    """Whether the Fashion-MNIST training files are in ``folder`` (flat or torchvision's
-    layout, gzipped or not)."""
+def idx_source(folder: str, name: str = "") -> str:
+    """The IDX data set whose training files are in ``folder``, or ``""`` where there are none.
+
+    Files are looked for flat in ``folder`` and in torchvision's ``folder/MNIST/raw`` and
+    ``folder/FashionMNIST/raw`` (gzipped or not). The two data sets share the file names, so
+    which one it is comes from ``name`` (``mnist`` or ``fashion_mnist``) when given, else from
+    the layout (``FashionMNIST/raw``: Fashion-MNIST, ``MNIST/raw``: MNIST), else from the
+    folder's path (``fashion`` in it: Fashion-MNIST, otherwise MNIST).
+    """
     root = Path(folder)
     if not folder or not root.is_dir():
-        return False
+        return ""
     stems = ("train-images-idx3-ubyte", "train-labels-idx1-ubyte")
-    return any(
-        all((base / s).is_file() or (base / f"{s}.gz").is_file() for s in stems)
-        for base in (root, root / "FashionMNIST" / "raw")
-    )
+
+    def holds(base: Path) -> bool:
+        return all((base / s).is_file() or (base / f"{s}.gz").is_file() for s in stems)
+
+    layouts = {"mnist": root / "MNIST" / "raw", "fashion_mnist": root / "FashionMNIST" / "raw"}
+    if name:
+        return name if holds(layouts[name]) or holds(root) else ""
+    for source, base in layouts.items():
+        if holds(base):
+            return source
+    if holds(root):
+        return "fashion_mnist" if "fashion" in str(root.resolve()).lower() else "mnist"
+    return ""
+
+
+def fashion_present(folder: str) -> bool:
+    """Whether Fashion-MNIST's training files are in ``folder`` (:func:`idx_source`)."""
+    return idx_source(folder, "fashion_mnist") == "fashion_mnist"
 
 
 def make_workloads(
@@ -135,14 +160,16 @@ def make_workloads(
     clients: list[int] | None,
     quick: bool,
     conv_model: str = "cnn",
-    fashion_dir: str = FASHION_DIR,
+    data_dir: str = FASHION_DIR,
+    data_name: str = "",
 ) -> list[Workload]:
     """The configurations to time, in order.
 
     - ``logreg``: the embedded digits split IID over K ∈ {10, 100, 1000} (quick: {10, 100}),
       multinomial logistic regression, cohort = all K, I = 5, b = 16.
-    - ``conv``: pfl-research's CIFAR-10 benchmark shape on Fashion-MNIST when its files are in
-      ``fashion_dir``: 1000 clients × 50 images, cohort 50 (quick: 10), one epoch of b = 10
+    - ``conv``: pfl-research's CIFAR-10 benchmark shape on MNIST or Fashion-MNIST when the
+      training files are in ``data_dir`` (:func:`idx_source`; ``data_name`` says which, else
+      it is inferred): 1000 clients × 50 images, cohort 50 (quick: 10), one epoch of b = 10
       (I = 5); on the embedded digits otherwise (100 clients of ~14 images). Model
       ``conv_model``: lit_fedco's ``cnn`` with 128 hidden units (the closest of its models to
       pfl-research's ``simple_cnn``), or ``simple_cnn`` (:class:`SimpleCNN`).
@@ -154,9 +181,8 @@ def make_workloads(
     ``clients`` replaces K everywhere (cohort = K for logreg and resnet20, min(cohort, K)
     otherwise).
     """
-    fashion = fashion_present(fashion_dir)
-    img = "fashion_mnist" if fashion else "digits"
-    img_k, img_n = (1000, 50) if fashion else (100, 0)
+    img = idx_source(data_dir, data_name) or "digits"
+    img_k, img_n = (1000, 50) if img in IDX_SOURCES else (100, 0)
     img_m = 10 if quick else 50
     out: list[Workload] = []
     for name in names:
@@ -174,9 +200,14 @@ def make_workloads(
 
 
 # ---------------------------------------------------------------------- data and models
-def build_data(w: Workload, seed: int, fashion_dir: str = FASHION_DIR):  # -> FederatedData
+def build_data(w: Workload, seed: int, data_dir: str = FASHION_DIR):  # -> FederatedData
     """The federated data of ``w``: real images split IID (``per_client`` each, or the whole
-    pool), or seeded random images. Validation (unused here): one held-out row per client."""
+    pool; MNIST and Fashion-MNIST from ``data_dir``), or seeded random images. Validation
+    (unused here): one held-out row per client.
+
+    Raises:
+        ValueError: the folder's training pool holds fewer than K × ``per_client`` images.
+    """
     from lit_fedco.core.seeding import generator, numpy_generator
     from lit_fedco.data import build_federated, load_source, partition_iid
     from lit_fedco.data.build import PARTITION_STREAM
@@ -190,9 +221,14 @@ def build_data(w: Workload, seed: int, fashion_dir: str = FASHION_DIR):  # -> Fe
         parts = [np.arange(i * n, (i + 1) * n) for i in range(k)]
     else:
         x, y, x_te, y_te, num_classes = load_source(
-            w.data, fashion_dir if w.data == "fashion_mnist" else ""
+            w.data, data_dir if w.data in IDX_SOURCES else ""
         )
         rng = numpy_generator(seed, PARTITION_STREAM)
+        if k * n > len(y):
+            raise ValueError(
+                f"{w.data} in {data_dir!r} has {len(y)} training images; {w.name} needs "
+                f"{k} clients × {n} = {k * n} (pass fewer --clients)"
+            )
         if n:
             rows = rng.permutation(len(y))[: k * n].reshape(k, n)
             parts = [np.sort(r).astype(np.int64) for r in rows]
@@ -502,6 +538,7 @@ def measure(
             "ratio_to_plain": med / base if base else None,
             "cohort": w.cohort, "local_steps": w.local_steps, "batch_size": w.batch_size,
             "lr": w.lr, "model": w.model, "data": w.data, "per_client": w.per_client,
+            "data_dir": args.data_dir if w.data in IDX_SOURCES else "",
             "rounds_timed": rounds[impl], "device": args.device, "dtype": "float32",
             "peak_mem_mib": peak[impl], "round_mem_mib": work[impl],
             "round_mem_kib_per_cohort_client": work[impl] * 1024 / w.cohort,
@@ -644,9 +681,23 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="the conv workload's net: lit_fedco's cnn (hidden 128) or simple_cnn",
     )
     p.add_argument(
+        "--data-dir",
+        default=None,
+        help="folder with the IDX files of MNIST or Fashion-MNIST (flat, or torchvision's "
+        "DIR/MNIST/raw, DIR/FashionMNIST/raw) for conv, cnn4; default: Fashion-MNIST from "
+        f"{FASHION_DIR} if it is there, else the embedded digits",
+    )
+    p.add_argument(
+        "--data-name",
+        choices=IDX_SOURCES,
+        default="",
+        help="which data set --data-dir holds (default: from the layout, else 'fashion' in "
+        "the path)",
+    )
+    p.add_argument(
         "--fashion-dir",
-        default=FASHION_DIR,
-        help="Fashion-MNIST folder for conv, cnn4 (absent: the digits)",
+        default=None,
+        help="Fashion-MNIST folder: --data-dir DIR --data-name fashion_mnist ('': the digits)",
     )
     p.add_argument(
         "--profile",
@@ -676,15 +727,28 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error("--device cuda: torch sees no CUDA device here; use --device cpu")
     if args.json is not None and not args.json.parent.is_dir():
         p.error(f"--json: folder {args.json.parent} does not exist")
+    if args.fashion_dir is not None:
+        if args.data_dir is not None:
+            p.error("--fashion-dir: is --data-dir DIR --data-name fashion_mnist; give one of them")
+        args.data_dir, args.data_name = args.fashion_dir, args.data_name or "fashion_mnist"
+    if args.data_dir is None:  # the Fashion-MNIST package if installed, else the digits
+        args.data_dir = FASHION_DIR if idx_source(FASHION_DIR) else ""
+    elif args.data_dir and not idx_source(args.data_dir, args.data_name):
+        which = args.data_name or "MNIST or Fashion-MNIST"
+        p.error(
+            f"--data-dir: {args.data_dir!r} holds no {which} training files "
+            "(train-images-idx3-ubyte[.gz], train-labels-idx1-ubyte[.gz]) in it, in "
+            "DIR/MNIST/raw or in DIR/FashionMNIST/raw"
+        )
     args.work = make_workloads(
-        args.workloads, args.clients, args.quick, args.conv_model, args.fashion_dir
+        args.workloads, args.clients, args.quick, args.conv_model, args.data_dir, args.data_name
     )
     pool = digits_pool_size() if any(w.data == "digits" for w in args.work) else 0
     for w in args.work:
-        if w.data == "fashion_mnist" and w.clients * w.per_client > FASHION_TRAIN:
+        if w.data in IDX_SOURCES and w.clients * w.per_client > IDX_TRAIN:
             p.error(
-                f"--clients: {w.name} gives each client {w.per_client} of Fashion-MNIST's "
-                f"{FASHION_TRAIN} images, so K <= {FASHION_TRAIN // w.per_client}; got {w.clients}"
+                f"--clients: {w.name} gives each client {w.per_client} of {w.data}'s "
+                f"{IDX_TRAIN} images, so K <= {IDX_TRAIN // w.per_client}; got {w.clients}"
             )
         if w.data == "digits" and w.clients > pool:
             p.error(
@@ -704,12 +768,12 @@ def _import_all() -> None:
     import lit_fedco.updaters  # noqa: F401
 
 
-def _warm_process(device: str, fashion_dir: str) -> None:
+def _warm_process(device: str, data_dir: str) -> None:
     """One round of every implementation on 2 digits clients, thrown away: the process's
     one-off allocations of first use (thread pools, Fabric, kernels' caches) then happen
     before any memory baseline is taken."""
     w = Workload("logreg", "logreg", "digits", 2, 2, 0, 1, 4, 0.1)
-    data = build_data(w, 0, fashion_dir)
+    data = build_data(w, 0, data_dir)
     for impl in IMPLS:
         make_impl(impl, w, data, device, torch.float32, 0).run_round()
 
@@ -719,17 +783,20 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     if not args.system_malloc:  # as every recipe runs (the plain loop shares the process)
         keep_freed_memory()
     _import_all()
-    _warm_process(args.device, args.fashion_dir)
+    _warm_process(args.device, args.data_dir)
     threads = args.threads or [torch.get_num_threads()]
     print(f"lit_fedco throughput: FedAvg, device={args.device}, torch {torch.__version__}, "
           f"threads {threads}, repeat {args.repeat}, min {args.min_time:g} s a slot, "
           f"impls {' '.join(args.impls)}", flush=True)  # fmt: skip
+    images = sorted({w.data for w in args.work if w.data in IDX_SOURCES})
+    if images:
+        print(f"conv data: {images[0]} from {args.data_dir}", flush=True)
     records: list[dict[str, Any]] = []
     by_key = {(w.name, w.clients): w for w in args.work}
     for w in args.work:
         data = None  # the previous workload's, out of the baseline
         base = PeakMemory(args.device).current()
-        data = build_data(w, args.seed, args.fashion_dir)
+        data = build_data(w, args.seed, args.data_dir)
         for n in threads:
             got = measure(w, data, args, n, base)
             records += got

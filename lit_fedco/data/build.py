@@ -32,7 +32,7 @@ from lit_fedco.data import partition as P
 from lit_fedco.data.adult import load_adult
 from lit_fedco.data.container import FederatedData, build_federated
 from lit_fedco.data.omniglot import load_omniglot, omniglot_split
-from lit_fedco.data.sources import load_digits_arrays, load_source
+from lit_fedco.data.sources import load_digits_arrays, load_source, source_note
 from lit_fedco.data.specs import (
     AdultSpec,
     InvariantLogRegSpec,
@@ -120,12 +120,17 @@ def make_partitioned(spec: PartitionedSpec) -> FederatedData:
     are binarised and ``drop_positive`` of the training positives removed (FCSG §5.3); the
     held-out pool keeps all its positives, like the paper's test set.
 
+    A source read from files records which in ``stats["source"]``
+    (:func:`~lit_fedco.data.sources.source_note`: MNIST's standard split, or its test files
+    alone split 80 / 20), which the run prints with its partition.
+
     Args:
         spec: the spec, or any object with its attributes (converted by
             :meth:`PartitionedSpec.of`).
     """
     spec = PartitionedSpec.of(spec)
     x, y, x_te, y_te, num_classes = load_source(spec.name, spec.data_dir)
+    note = source_note(spec.name, spec.data_dir, len(y), len(y_te))
     rng = numpy_generator(spec.seed, PARTITION_STREAM)
     if spec.binary:
         y, y_te, num_classes = binarize(y, num_classes), binarize(y_te, num_classes), 2
@@ -137,7 +142,10 @@ def make_partitioned(spec: PartitionedSpec) -> FederatedData:
         val = P.partition_iid(y_te.numpy(), spec.num_clients, rng)
     else:
         val = P.validation_like([labels[p] for p in parts], y_te.numpy(), spec.val_per_client, rng)
-    return build_federated(x, y, x_te, y_te, parts, val, num_classes, spec.name)
+    data = build_federated(x, y, x_te, y_te, parts, val, num_classes, spec.name)
+    if note:
+        data.stats["source"] = note
+    return data
 
 
 # ---------------------------------------------------------------------- UCI Adult

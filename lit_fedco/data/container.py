@@ -122,9 +122,11 @@ class FederatedData:
         Returns:
             ``name``, ``num_clients`` (K), ``num_classes`` (C), ``train_sizes`` and
             ``val_sizes`` (K ints), ``train_class_counts`` and ``val_class_counts``
-            (K lists of C ints).
+            (K lists of C ints); and ``source``, the files the pools were read from, where
+            the builder recorded it (``stats["source"]``: MNIST's standard split or its test
+            files alone).
         """
-        return {
+        out = {
             "name": self.name,
             "num_clients": self.num_clients,
             "num_classes": self.num_classes,
@@ -133,6 +135,9 @@ class FederatedData:
             "train_class_counts": self.class_counts("train").tolist(),
             "val_class_counts": self.class_counts("val").tolist(),
         }
+        if self.stats.get("source"):
+            out["source"] = self.stats["source"]
+        return out
 
     def describe(self) -> str:
         """A short table: client, training and validation sizes, classes present."""
@@ -168,7 +173,8 @@ def format_partition_stats(stats: dict[str, Any], max_clients: int = 4) -> str:
 
     Sizes and numbers of classes per client as min / median / max, then the first
     ``max_clients`` clients one per line: one line per client would bury the run's output
-    with K = 1000.
+    with K = 1000. Where the stats name the files the pools came from (``source``), a last
+    line says which.
 
     Args:
         stats: the dict returned by :meth:`FederatedData.partition_stats`.
@@ -188,6 +194,8 @@ def format_partition_stats(stats: dict[str, Any], max_clients: int = 4) -> str:
         lines.append(f"  client {i}: {tr[i]} train, {va[i]} val; classes {mix}")
     if k > max_clients:
         lines.append(f"  ... {k - max_clients} more clients")
+    if stats.get("source"):
+        lines.append(f"  data: {stats['source']}")
     return "\n".join(lines)
 
 

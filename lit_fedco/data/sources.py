@@ -240,6 +240,47 @@ def load_mnist(data_dir: str | Path, train: bool, fashion: bool = False) -> tupl
     return x, targets.to(torch.int64)
 
 
+def mnist_split(name: str, data_dir: str | Path) -> str:
+    """Which split :func:`read_source` reads for ``mnist`` / ``fashion_mnist`` in ``data_dir``.
+
+    Returns:
+        ``"standard"`` where the training files (``train-*``) are there: they are the training
+        pool and the test files (``t10k-*``) the held-out pool, as in the papers;
+        ``"test_only"`` where only the test files are: they are split 80 / 20; ``""`` for any
+        other source, or a folder with neither (reading it raises the missing-files error).
+    """
+    if name not in ("mnist", "fashion_mnist") or not str(data_dir):
+        return ""
+    root, fashion = Path(data_dir).expanduser(), name == "fashion_mnist"
+    if _locate(root, fashion, True) is not None:
+        return "standard"
+    return "test_only" if _locate(root, fashion, False) is not None else ""
+
+
+def source_note(name: str, data_dir: str | Path, n_train: int, n_test: int) -> str:
+    """One line saying which files a source's pools came from (the run prints it with its
+    partition and records it in ``partition.json``), or ``""`` for the embedded data.
+
+    Args:
+        name: the source.
+        data_dir: its folder.
+        n_train, n_test: the sizes of the training and held-out pools as read.
+    """
+    split = mnist_split(name, data_dir)
+    where = str(Path(data_dir).expanduser())
+    if split == "standard":
+        return (
+            f"{name}'s standard split from {where}: the training files (train-*, {n_train} "
+            f"images) are the training pool, the test files (t10k-*, {n_test}) the held-out pool"
+        )
+    if split == "test_only":
+        return (
+            f"{name}'s test files (t10k-*) alone from {where}, split 80/20 (stratified, seed 0): "
+            f"{n_train} training and {n_test} held-out images (no train-* files there)"
+        )
+    return ""
+
+
 def load_source(name: str, data_dir: str | Path = "") -> Arrays:
     """:func:`read_source`, checked: images of the source's shape in both pools, as many labels
     as images, every label a class of the source (:func:`check_pools`)."""
@@ -311,7 +352,7 @@ def read_source(name: str, data_dir: str | Path = "") -> Arrays:
     if name in ("mnist", "fashion_mnist"):
         fashion = name == "fashion_mnist"
         root = Path(data_dir).expanduser()
-        if str(data_dir) and _locate(root, fashion, True) is None and _locate(root, fashion, False):
+        if mnist_split(name, data_dir) == "test_only":
             warnings.warn(
                 f"data.data_dir={str(root)!r} holds only the {name} test split; splitting it "
                 "80/20 into a training pool and a held-out pool",

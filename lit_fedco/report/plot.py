@@ -10,11 +10,19 @@ Every recipe run calls :func:`draw_run` on its own folder when it ends, so its f
   the mean over seeds with a ±1 std band;
 - ``communication``: the same against floats communicated per client;
 - ``clients``: each method's final per-client validation (or, where the recipe's held-out data
-  is a test set, test) accuracy, one point per client and seed;
+  is a test set, test) accuracy, one point per client and seed; only for runs whose headline
+  metrics are accuracies (a ranking loss's accuracy at score 0 says nothing: ``fcsg_auprc``);
 - ``weights``: the DRO client weights over rounds, for the methods that have them.
 
-One colour per method, the same in every figure; the papers' method names. This module reads
-JSON and imports matplotlib only, so it is quick and draws nothing while a run trains.
+One colour and line style per method, the same in every figure (curves that coincide stay
+visible); the papers' method names; the legend under the panels, where it covers no data. A
+series of at most :data:`FEW_POINTS` evaluated points (a short run: ``rounds=10`` evaluates
+once, after the last round) is drawn with markers, and a single point's ±std as an error bar;
+single points at the same x are spread a little sideways. Where a run pre-trained
+(``pretrain``), every method starts from the pre-training's model, so its curve is drawn after
+the pre-training's: its rounds and floats are counted from the start of the pre-training, with
+a dotted line where the methods start. This module reads JSON and imports matplotlib only, so
+it is quick and draws nothing while a run trains.
 """
 
 from __future__ import annotations
@@ -36,7 +44,7 @@ NAMES = {
     "acc_fcsg_m": "Acc-FCSG-M", "local_scgd": "Local-SCGD", "local_scgdm": "Local-SCGDM",
     "coda_plus": "CODA+", "fastdro": "FastDRO", "pdsgd": "PDSGD", "gcivr": "GCIVR",
     "fedavgm": "FedAvgM", "fedadam": "FedAdam", "fedyogi": "FedYogi", "scaffold": "SCAFFOLD",
-    "pretrain": "pre-training (its own rounds, before the methods')",
+    "pretrain": "pre-training",
 }  # fmt: skip
 """The papers' names of the registered updaters (others are shown as registered)."""
 COMM = "comm/total_floats_per_client"
@@ -49,6 +57,14 @@ LABELS = {
 }
 """Axis labels of the headline metrics (others: the table's column label)."""
 DEFAULT_COLUMNS = [["val/acc_avg", "val avg acc"], ["val/acc_worst", "val worst acc"]]
+FEW_POINTS = 5
+"""A series with at most this many evaluated points is drawn with markers: a line through one
+point is invisible, and through two or three it hides where the evaluations were."""
+PRETRAIN = "pretrain"
+STYLES = ("-", "--", ":", "-.")
+"""Line styles by method, with the colour: methods whose curves coincide (FCSG, FCSG-M and
+Acc-FCSG-M at β = 0.9) stay visible, a dashed or dotted line over a solid one."""
+"""The pre-training's label in a run's record (:mod:`lit_fedco.experiment.pretrain`)."""
 
 
 def display(method: str) -> str:
@@ -98,6 +114,29 @@ def series(runs: list[dict[str, Any]]) -> dict[str, list[list[dict[str, float]]]
     return out
 
 
+def starts(runs: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
+    """Where each series starts on the figures' x axes: ``{label: {"round": r, COMM: f}}``.
+
+    A run that pre-trained starts every method from the pre-training's final model, so its
+    methods start where the pre-training ended: its rounds (``config.pretrain.rounds``, else
+    the pre-training's last evaluated round, which is its last round) and its floats per client
+    (its last evaluated row's, seed 0). The pre-training itself, and every series of a run
+    without one, start at 0.
+    """
+    out: dict[str, dict[str, float]] = {}
+    for rec in runs:
+        pre = [s for s in rec["history"].get(PRETRAIN, []) if s]
+        offset = {"round": 0.0, COMM: 0.0}
+        if pre:
+            last = pre[0][-1]
+            rounds = (rec.get("config") or {}).get("pretrain", {}).get("rounds") or last["round"]
+            offset = {"round": float(rounds), COMM: float(last.get(COMM, 0.0))}
+        for method in rec["history"]:
+            label = method if len(runs) == 1 else f"{method} ({rec['name']})"
+            out[label] = {"round": 0.0, COMM: 0.0} if method == PRETRAIN else offset
+    return out
+
+
 def mean_std(seeds: list[list[dict[str, float]]], x: str, y: str) -> tuple[list, list, list]:
     """x, mean and std over seeds of metric ``y`` at the evaluated rounds all seeds share (x is
     the first seed's value of ``x`` there)."""
@@ -130,6 +169,83 @@ def _figure(ncols: int, width: float = 5.0):  # type: ignore[no-untyped-def]
     return fig, list(axes[0])
 
 
+def _series(ax: Any, xs: list, mean: list, std: list, colour: Any, label: str, i: int) -> None:
+    """Method ``i``'s mean with its ±std band; markers where it has few points, and the band of
+    a single point as an error bar (a band over one x is invisible). Solid lines are drawn
+    under broken ones (:data:`STYLES`)."""
+    few = len(xs) <= FEW_POINTS
+    style = STYLES[i % len(STYLES)]
+    ax.plot(xs, mean, color=colour, label=label, lw=1.6, ls=style, marker="o" if few else None,
+            ms=4, zorder=2 + 0.1 * STYLES.index(style))  # fmt: skip
+    if len(xs) == 1:
+        if std[0] > 0:
+            ax.errorbar(xs, mean, yerr=std, fmt="none", ecolor=colour, elinewidth=1, capsize=3)
+        return
+    lo = [a - b for a, b in zip(mean, std, strict=True)]
+    hi = [a + b for a, b in zip(mean, std, strict=True)]
+    ax.fill_between(xs, lo, hi, color=colour, alpha=0.18, lw=0)
+
+
+def _dodge(xss: list[list[float]]) -> list[float]:
+    """Sideways shifts for single-point series whose x is within 1.5 % of the axis of another
+    one's (the same round, or nearly the same floats): each such group is spread evenly around
+    its middle, 1.5 % of the axis apart and over 10 % at most, in the order of their x, so that
+    their markers and error bars do not hide each other. Longer series stay where they are."""
+    span = max((max(xs) for xs in xss if xs), default=0.0) or 1.0
+    near = 0.015 * span
+    single = sorted((xs[0], j) for j, xs in enumerate(xss) if len(xs) == 1)
+    groups: list[list[tuple[float, int]]] = []
+    for x, j in single:
+        if groups and x - groups[-1][-1][0] < near:
+            groups[-1].append((x, j))
+        else:
+            groups.append([(x, j)])
+    out = [0.0] * len(xss)
+    for group in groups:
+        if len(group) < 2:
+            continue
+        middle = statistics.fmean(x for x, _ in group)
+        step = span * min(0.015, 0.1 / (len(group) - 1))
+        for k, (x, j) in enumerate(group):
+            out[j] = middle + (k - (len(group) - 1) / 2) * step - x
+    return out
+
+
+def _from_zero(ax: Any, integer: bool) -> None:
+    """The x axis from 0 (where training starts) to 4 % past the last point (a marker at the
+    edge would be cut in half), with whole-number ticks for rounds."""
+    from matplotlib.ticker import MaxNLocator
+
+    last = ax.dataLim.x1
+    ax.set_xlim(0, 1.04 * last if math.isfinite(last) and last > 0 else None)
+    if integer:
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True, steps=[1, 2, 2.5, 5, 10]))
+
+
+def _legend_below(fig: Any, axes: list[Any]) -> int:
+    """One legend for all panels, under them (it covers no data); returns its rows."""
+    entries: dict[str, Any] = {}
+    for ax in axes:
+        for handle, label in zip(*ax.get_legend_handles_labels(), strict=True):
+            entries.setdefault(label, handle)
+    if not entries:  # every method diverged: nothing drawn
+        return 0
+    ncol = len(entries) if len(entries) <= 4 else 3
+    fig.legend(list(entries.values()), list(entries), loc="lower center", ncol=ncol,
+               fontsize=8, frameon=False)  # fmt: skip
+    rows = math.ceil(len(entries) / ncol)
+    fig.set_size_inches(fig.get_size_inches()[0], fig.get_size_inches()[1] + 0.22 * rows)
+    return rows
+
+
+def _seeds_note(data: dict[str, list[list[dict[str, float]]]]) -> str:
+    """``mean ± std over 3 seeds``, or ``1 seed`` (no band then)."""
+    counts = {len([s for s in seeds if s]) for seeds in data.values()} - {0}
+    if counts == {1}:
+        return "1 seed"
+    return f"mean ± std over {counts.pop()} seeds" if len(counts) == 1 else "mean ± std over seeds"
+
+
 def _save(fig: Any, out: Path, name: str, legend_rows: int = 0) -> list[Path]:
     import matplotlib.pyplot as plt
 
@@ -147,7 +263,8 @@ def draw(runs: list[dict[str, Any]], out: Path, title: str = "") -> dict[str, An
 
     Returns:
         ``{"files": [...], "plotted": {figure: {method: {"x": [...], "y": [...]}}},
-        "labels": {figure: y label}}`` — the series exactly as drawn (the mean over seeds), for
+        "labels": {figure: y label}}`` — the series as drawn (the mean over seeds; x where it
+        belongs, before single points sharing an x are spread sideways, :func:`_dodge`), for
         tests and tables, and the ``clients`` figure's axis label (it names the data the first
         run evaluated on: validation, or test).
     """
@@ -156,44 +273,47 @@ def draw(runs: list[dict[str, Any]], out: Path, title: str = "") -> dict[str, An
     methods = list(data)
     colour = colours(methods)
     metrics = headline(runs[0]["columns"])
+    start = starts(runs)
+    since = " (incl. pre-training)" if start and max(v["round"] for v in start.values()) else ""
     files: list[Path] = []
     plotted: dict[str, dict[str, dict[str, list[float]]]] = {}
     for name, x, xlabel in (
-        ("curves", "round", "communication round"),
-        ("communication", COMM, "floats communicated per client"),
+        ("curves", "round", "communication round" + since),
+        ("communication", COMM, "floats communicated per client" + since),
     ):
         fig, axes = _figure(len(metrics))
         for ax, (key, label) in zip(axes, metrics, strict=True):
-            for m in methods:
+            drawn = []
+            for i, m in enumerate(methods):
                 seeds = [s for s in data[m] if s and any(key in r for r in s)]
                 if not seeds or (x != "round" and not all(x in r for s in seeds for r in s)):
                     continue
                 xs, mean, std = mean_std(seeds, x, key)
-                ax.plot(xs, mean, color=colour[m], label=display(m), lw=1.6)
-                lo = [a - b for a, b in zip(mean, std, strict=True)]
-                hi = [a + b for a, b in zip(mean, std, strict=True)]
-                ax.fill_between(xs, lo, hi, color=colour[m], alpha=0.18, lw=0)
+                xs = [v + start[m][x] for v in xs]
+                drawn.append((i, m, xs, mean, std))
                 plotted.setdefault(f"{name}:{key}", {})[m] = {"x": xs, "y": mean}
+            shifts = _dodge([xs for _, _, xs, _, _ in drawn])
+            for (i, m, xs, mean, std), dx in zip(drawn, shifts, strict=True):
+                _series(ax, [v + dx for v in xs], mean, std, colour[m], display(m), i)
+            for i, at in enumerate(sorted({v[x] for v in start.values()} - {0.0})):
+                note = "methods start (pre-trained model)" if i == 0 else None
+                ax.axvline(at, color="grey", ls=":", lw=1, label=note)
             ax.set_xlabel(xlabel)
             ax.set_ylabel(LABELS.get(key, label))
             ax.grid(alpha=0.3)
-            if x == COMM:
-                ax.ticklabel_format(axis="x", style="sci", scilimits=(0, 0))
-        named = bool(axes[-1].get_legend_handles_labels()[0])  # none: every method diverged
-        if named and len(methods) <= 6:
-            axes[-1].legend(fontsize=8, loc="best")
-        elif named:  # many series: one legend under the panels, where it covers no curve
-            handles, labels = axes[0].get_legend_handles_labels()
-            fig.legend(handles, labels, loc="lower center", ncol=3, fontsize=7, frameon=False)
-            fig.set_size_inches(fig.get_size_inches()[0], 3.8 + 0.22 * ((len(methods) + 2) // 3))
+            _from_zero(ax, integer=x == "round")
+            if x == COMM:  # 20M, not 2 with "1e7" in a corner the axis label may cover
+                from matplotlib.ticker import EngFormatter
+
+                ax.xaxis.set_major_formatter(EngFormatter(sep=""))
+        rows = _legend_below(fig, axes)
         if title:
-            fig.suptitle(f"{title}  (mean ± std over seeds)", fontsize=10)
-        files += _save(
-            fig, out, name, legend_rows=0 if len(methods) <= 6 else (len(methods) + 2) // 3
-        )
+            fig.suptitle(f"{title}  ({_seeds_note(data)})", fontsize=10)
+        files += _save(fig, out, name, legend_rows=rows)
     labels = {"clients": f"final {runs[0].get('evaluated_on', 'validation')} accuracy per client"}
-    files += _clients(runs, methods, colour, out, title, plotted, labels["clients"])
-    files += _weights(data, methods, colour, out, title, plotted)
+    if any("acc" in key for key, _ in metrics):
+        files += _clients(runs, methods, colour, out, title, plotted, labels["clients"])
+    files += _weights(data, methods, colour, out, title, plotted, start)
     return {"files": files, "plotted": plotted, "labels": labels}
 
 
@@ -206,7 +326,7 @@ def _clients(runs, methods, colour, out, title, plotted, ylabel) -> list[Path]: 
     per = {m: v for m, v in per.items() if v}
     if not per:
         return []
-    fig, (ax,) = _figure(1, width=max(5.0, 1.1 * len(per)))
+    fig, (ax,) = _figure(1, width=min(12.0, max(5.0, 1.1 * len(per))))
     for i, m in enumerate(methods):
         if m not in per:
             continue
@@ -215,7 +335,8 @@ def _clients(runs, methods, colour, out, title, plotted, ylabel) -> list[Path]: 
         ax.scatter(jitter, v, s=12, color=colour[m], alpha=0.75)
         ax.hlines(statistics.fmean(v), i - 0.3, i + 0.3, color=colour[m], lw=2)
         plotted.setdefault("clients", {})[m] = {"x": [float(i)] * len(v), "y": v}
-    ax.set_xticks(range(len(methods)), [display(m) for m in methods], rotation=25, ha="right")
+    tilt = 25 if len(methods) <= 8 else 45  # many methods in at most 12 inches: steeper labels
+    ax.set_xticks(range(len(methods)), [display(m) for m in methods], rotation=tilt, ha="right")
     ax.set_ylabel(ylabel)
     ax.grid(alpha=0.3, axis="y")
     if title:
@@ -223,7 +344,7 @@ def _clients(runs, methods, colour, out, title, plotted, ylabel) -> list[Path]: 
     return _save(fig, out, "clients")
 
 
-def _weights(data, methods, colour, out, title, plotted) -> list[Path]:  # type: ignore[no-untyped-def]
+def _weights(data, methods, colour, out, title, plotted, start) -> list[Path]:  # type: ignore[no-untyped-def]
     have = [m for m in methods if any("dro/weight_client0" in r for s in data[m] for r in s)]
     if not have:
         return []
@@ -231,15 +352,16 @@ def _weights(data, methods, colour, out, title, plotted) -> list[Path]:  # type:
     for ax, m in zip(axes, have, strict=True):
         rows = [r for r in data[m][0] if "dro/weight_client0" in r]
         k = sum(1 for key in rows[0] if key.startswith("dro/weight_client"))
+        xs = [r["round"] + start[m]["round"] for r in rows]
+        marker = "o" if len(rows) <= FEW_POINTS else None
         for c in range(k):
             ys = [r[f"dro/weight_client{c}"] for r in rows]
-            ax.plot([r["round"] for r in rows], ys, lw=1.2, alpha=0.85, label=f"client {c}")
-            plotted.setdefault(f"weights:{m}", {})[f"client{c}"] = {
-                "x": [r["round"] for r in rows], "y": ys,
-            }  # fmt: skip
+            ax.plot(xs, ys, lw=1.2, alpha=0.85, label=f"client {c}", marker=marker, ms=3)
+            plotted.setdefault(f"weights:{m}", {})[f"client{c}"] = {"x": xs, "y": ys}
         ax.axhline(1 / k, color="grey", ls="--", lw=1, label="uniform 1/K")
         ax.set_title(f"{display(m)}: client weights (seed 0)", fontsize=10, color=colour[m])
         ax.set_xlabel("communication round")
+        _from_zero(ax, integer=True)
         ax.set_ylabel("client weight λ_k")
         ax.grid(alpha=0.3)
         if k <= 12:
