@@ -170,12 +170,14 @@ def run_module(module: str, *args: str, timeout: int = 300) -> subprocess.Comple
     return proc
 
 
-def override(*groups: list[str] | tuple[str, ...]) -> list[str]:
-    """Command-line items, later groups replacing earlier items of the same key (a key given
-    twice is refused by the command line itself; ``updater=`` counts as ``updaters=``)."""
-    out: dict[str, str] = {}
-    for group in groups:
-        for item in group:
-            key = item.partition("=")[0].lstrip("-")
-            out["updaters" if key == "updater" else key] = item
-    return list(out.values())
+def override(base: list[str] | tuple[str, ...], extra: list[str] | tuple[str, ...]) -> list[str]:
+    """``base`` command-line items without those whose key ``extra`` gives, then ``extra`` as it
+    is (a key given twice is refused by the command line itself; ``updater=`` counts as
+    ``updaters=``)."""
+
+    def key(item: str) -> str:
+        k = item.partition("=")[0].lstrip("-")
+        return "updaters" if k == "updater" else k
+
+    given = {key(item) for item in extra}
+    return [item for item in base if key(item) not in given] + list(extra)

@@ -152,6 +152,34 @@ CASES = [
     case("resume-missing-file", ["resume=/nonexistent.ckpt", "updater=fedavg", "seeds=[0]"], r"resume: cannot read /nonexistent\.ckpt"),
     case("checkpoint-every-negative", ["checkpoint_every=-1"], r"checkpoint_every: got -1, expected an int >= 0"),
     case("checkpoint-keep-0", ["checkpoint_keep=0"], r"checkpoint_keep: got 0, expected an int >= 1"),
+    # --- misuse that once ran, or crashed (issue 19)
+    case("variant-seeds", ['variants=["seeds=[5]"]'], r"variants\[0\]: sets seeds=\[5\], a key of the whole run"),
+    case("variant-seed", ["variants=[seed=3]"], r"variants\[0\]: sets seed=3, a key of the whole run"),
+    case("variant-run-name", ["variants=[run_name=x]"], r"variants\[0\]: sets run_name='x', a key of the whole run"),
+    case("variant-resume", ["variants=[resume=auto]"], r"variants\[0\]: sets resume='auto', a key of the whole run"),
+    case("variant-devices", ["variants=[devices=2]"], r"variants\[0\]: sets devices=2, a key of the whole run"),
+    case("variant-out-dir", ["variants=[out_dir=elsewhere]"], r"variants\[0\]: sets out_dir='elsewhere', a key of the whole run"),
+    case("explicit-vectorized-unvmappable", ["updater=comfedl_maml", "executor=vectorized"], r"executor: got 'vectorized', but comfedl_maml cannot run under vmap on model.name=conv4", recipe="comfedl_maml"),
+    case("seed-2-64", ["seeds=[18446744073709551616]"], r"seeds: got 18446744073709551616, expected an int of at most 64 bits"),
+    case("seed-2-32", ["seeds=[4294967296]"], r"seeds: got \[4294967296\], expected ints in \[0, 2\^32\)"),
+    case("run-name-300", ["run_name=" + "x" * 300], r"run_name: got 'x+…', expected at most 200 bytes, got 300"),
+    case("run-name-newline", ["run_name=a\nb"], r"run_name: got 'a\\nb', expected a value on one line"),
+    case("run-name-hidden", ["run_name=.x"], r"run_name: got '.x', expected a folder name that does not start with '.'"),
+    case("out-dir-recipe-is-a-file", ["out_dir={d}/recipe_file"], r"out_dir: got '.*recipe_file', expected a folder, but .*recipe_file/comfedl_dro is a file"),
+    case("out-dir-link-loop", ["out_dir={d}/loop/a"], r"out_dir: got '.*loop/a', expected a folder that resolves \(Symlink loop"),
+    case("threads-huge", ["threads=1000000"], r"threads: got 1000000, expected an int in \[0, \d+\]"),
+    case("lr-inf", ["comfedl.lr=.inf"], r"comfedl.lr: got inf, expected a finite number; set e\.g\. comfedl.lr="),
+    case("lr-1e309", ["comfedl.lr=1e309"], r"comfedl.lr: got inf, expected a finite number"),
+    case("gamma-inf", ["client_dro.gamma=.inf"], r"client_dro.gamma: got inf, expected a finite number"),
+    case("lr-nan", ["comfedl.lr=.nan"], r"comfedl.lr: got nan, expected a finite number"),
+    case("rounds-huge", ["rounds=99999999999999999999"], r"rounds: got 99999999999999999999, expected an int of at most 64 bits"),
+    case("drop-1", ["failures.drop=1.0"], r"failures.drop: got 1.0, expected a float in \[0, 1\) \(at 1 every client drops out"),
+    case("data-dir-embedded", ["data.data_dir=/nonexistent"], r"data.data_dir: got '/nonexistent', but data.name=digits is embedded and reads no folder"),
+    case("rounds-twice", ["rounds=5", "rounds=3"], r"rounds: given twice \('rounds=5', then 'rounds=3'\); give it once"),
+    case("updater-and-updaters", ["updater=comfedl", "updaters=[fedavg]"], r"updaters: given twice \('updater=comfedl', then 'updaters=\[fedavg\]'\)"),
+    case("dot-key", [".rounds=5"], r"command line: got '.rounds=5', whose key '.rounds' is not a config key"),
+    case("double-dot-key", ["data..name=x"], r"command line: got 'data..name=x', whose key 'data..name' is not a config key"),
+    case("preset-passwd", ["preset={d}/passwd"], r"preset: .*passwd is not a lit_fedco preset: 'root:x:0:0:root:/root:/bin/bash[^']*…' is not a config key"),
 ]  # fmt: skip
 
 
@@ -230,6 +258,14 @@ def bad_data(tmp_path_factory) -> Path:
                "null": "rounds: null\n", "badnest": "data: 3\n", "empty": ""}  # fmt: skip
     for name, text in presets.items():
         (d / f"{name}.yaml").write_text(text)
+    (d / "passwd").write_text(
+        "root:x:0:0:root:/root:/bin/bash\n" + "daemon:x:1:1::/:/bin/sh\n" * 40
+    )
+    (d / "recipe_file").mkdir()
+    (d / "recipe_file" / "comfedl_dro").write_text("not a folder\n")
+    (d / "loop").mkdir()
+    (d / "loop" / "a").symlink_to(d / "loop" / "b")
+    (d / "loop" / "b").symlink_to(d / "loop" / "a")
     return d
 
 

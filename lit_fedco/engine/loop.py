@@ -23,6 +23,7 @@ import torch
 from lightning.fabric import Fabric
 from torch import Tensor
 
+from lit_fedco.core import faults
 from lit_fedco.core.errors import ConfigError
 from lit_fedco.core.protocol import RoundInfo
 from lit_fedco.core.seeding import client_generator, client_generators, sample_cohort
@@ -138,6 +139,7 @@ class FederatedLoop:
     def evaluate(self) -> dict[str, float]:
         """Every client's metrics (:class:`~lit_fedco.engine.evaluation.Evaluator`), then the
         ``on_eval_end`` hook."""
+        faults.point("evaluation")
         out = self.evaluate_clients(self.server, self.store, self.dtype)
         self.fabric.call("on_eval_end", loop=self, metrics=out)
         return out

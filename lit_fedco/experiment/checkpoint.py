@@ -24,6 +24,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from lit_fedco.core import faults
 from lit_fedco.core.errors import ConfigError
 
 MAGIC = b"lit_fedco checkpoint v1\n"
@@ -51,7 +52,7 @@ def model_signature(params: dict[str, Tensor]) -> list[str]:
 
 
 # ---------------------------------------------------------------------- writing
-def atomic_write(path: Path, payload: bytes) -> None:
+def atomic_write(path: Path, payload: bytes, fail_point: str = "") -> None:
     """Write ``payload`` to ``path`` atomically (temporary file in the same folder, fsync,
     ``os.replace``, fsync of the folder). On any error the temporary file is removed and the
     previous ``path``, if any, is untouched; the error propagates."""
@@ -61,6 +62,8 @@ def atomic_write(path: Path, payload: bytes) -> None:
             f.write(payload)
             f.flush()
             os.fsync(f.fileno())
+        if fail_point:
+            faults.point(fail_point)
         os.replace(tmp, path)
     except BaseException:
         tmp.unlink(missing_ok=True)
@@ -82,7 +85,7 @@ def encode(content: dict[str, Any]) -> bytes:
 
 def save(path: Path, content: dict[str, Any]) -> None:
     """Write a checkpoint atomically (:func:`atomic_write`)."""
-    atomic_write(path, encode(content))
+    atomic_write(path, encode(content), "checkpoint_written")
 
 
 # ---------------------------------------------------------------------- reading

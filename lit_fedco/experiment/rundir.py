@@ -30,6 +30,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from lit_fedco.core import faults
 from lit_fedco.core.errors import ConfigError
 from lit_fedco.experiment.checkpoint import atomic_write
 
@@ -304,7 +305,13 @@ class History:
         if round_idx <= self.last_round:
             return
         row = {"round": round_idx, **logs}
-        self._file.write(json.dumps(row) + "\n")
+        line = json.dumps(row) + "\n"
+        if faults.armed("metrics_line_half"):  # a test kills the process in mid-line
+            self._file.write(line[: len(line) // 2])
+            self._file.flush()
+            faults.point("metrics_line_half")
+            line = line[len(line) // 2 :]
+        self._file.write(line)
         self._file.flush()
         self.rows.append(row)
         self.last_round = round_idx

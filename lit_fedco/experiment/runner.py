@@ -24,6 +24,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from lit_fedco.config.load import variant_configs
 from lit_fedco.config.parser import CommandLine
+from lit_fedco.core import faults
 from lit_fedco.core.errors import ConfigError
 from lit_fedco.experiment import checkpoint as ckpt
 from lit_fedco.experiment import pretrain
@@ -389,6 +390,7 @@ def run_recipe(
             run_dir = plan.run_dir or new_run_dir(Path(cfg.out_dir), recipe, cfg.run_name,
                                                   fix if plan.branch else "")  # fmt: skip
             held = lock_run(run_dir)  # until the run ends; another process is refused here
+            faults.point("run_folder_created")
     except ConfigError as err:
         print(f"lit_fedco: {err}", file=sys.stderr)
         raise SystemExit(2) from None
@@ -425,7 +427,12 @@ def _run(
     """Every sub-run of a planned run, then the table, the results and the folder's listing."""
     rank0 = fabric.global_rank == 0
     if rank0:
-        _record_start(cfg, plan, run_dir)
+        try:
+            _record_start(cfg, plan, run_dir)
+        except OSError as err:
+            print(f"lit_fedco: cannot write the run's config in {run_dir} ({err.strerror or err}); "
+                  "nothing has run: make room and run again", file=sys.stderr)  # fmt: skip
+            raise SystemExit(1) from None
         for line in plan.notes:
             print(f"lit_fedco: {line}", file=sys.stderr)
     rows: dict[str, list[dict[str, float]]] = {}
@@ -489,6 +496,7 @@ def _run(
             **_recorded(run_dir, folders),
             **({"branched_from": plan.branch} if plan.branch else {}),
         }
+        faults.point("before_results")
         try:
             write_json(run_dir / "results.json", results)
             write_text(run_dir / "table.txt", f"{title}\n{table}\n")

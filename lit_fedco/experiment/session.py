@@ -305,7 +305,8 @@ class SubRun:
             return
         self.folder.mkdir(parents=True, exist_ok=True)
         sweep(self.folder)  # what a killed run's atomic writes left half-done
-        write_json(self.folder / "partition.json", self.stats)
+        self.write(str(self.folder / "partition.json"),
+                   lambda: write_json(self.folder / "partition.json", self.stats))  # fmt: skip
         if announce:
             print(format_partition_stats(self.stats), flush=True)
         self.status = read_json(self.folder / "status.json") or {}
@@ -338,8 +339,7 @@ class SubRun:
             ckpt.prune(folder_ck, self.cfg.checkpoint_keep)
 
         if not self.write(str(path), write):
-            print(f"lit_fedco: {self.failed}; the previous checkpoint is kept", file=sys.stderr)
-            return None
+            return None  # the previous checkpoint stays whole; the run stops after this round
         self.last_good = path
         return path
 

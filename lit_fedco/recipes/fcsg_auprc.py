@@ -63,4 +63,4 @@ COLUMNS = [
 ]
 
 if __name__ == "__main__":
-    run("fcsg_auprc", DEFAULTS, columns=COLUMNS)
+    run("fcsg_auprc", DEFAULTS, columns=COLUMNS, evaluated_on="test")
