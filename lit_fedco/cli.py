@@ -11,6 +11,7 @@ key come in a fraction of a second. Bad input ends the process with exit code 2 
 
 from __future__ import annotations
 
+import os
 import sys
 from typing import Any
 
@@ -41,7 +42,8 @@ def run(
     Args:
         recipe: the recipe's name (its runs go to ``<out_dir>/<recipe>/``).
         defaults: the recipe's defaults, merged under any preset and the command line.
-        argv: the command line; ``--help`` / ``--help-all`` print the help instead of running.
+        argv: the command line; ``--help`` / ``--help-all`` print the help instead of running,
+            ``--list-sub-runs`` the run's sub-runs (what ``sub_run=INDEX`` runs).
         columns: the results table's ``(metric key, label)`` pairs (a default set otherwise).
         callbacks: objects with any of the loop's hooks (``on_round_start``, ``on_round_end``,
             ``on_eval_end``), called on every process.
@@ -57,6 +59,8 @@ def run(
         cfg = load(cmd)
     except ConfigError as err:
         refuse(err)
+    if cmd.help == "sub-runs":
+        return _list_sub_runs(cmd, cfg)
     if cmd.help:
         from omegaconf import OmegaConf
 
@@ -65,6 +69,36 @@ def run(
         shown = {str(k): v for k, v in values.items()}
         print(render(recipe, defaults, shown, cmd.help == "all"), end="")
         return []
+    if cfg.jobs > 1 and cfg.sub_run < 0 and not os.environ.get("LIT_FEDCO_RUN_DIR"):
+        _prestart_workers(cmd, cfg)
     from lit_fedco.experiment.runner import run_recipe
 
     return run_recipe(recipe, cmd, cfg, columns, callbacks, evaluated_on)
+
+
+def _list_sub_runs(cmd: Any, cfg: Any) -> list[Any]:
+    """Print the index, folder, updater, seed and variant of every sub-run of the run."""
+    from lit_fedco.config.load import variant_configs
+    from lit_fedco.experiment.subruns import listing
+
+    try:
+        configs = variant_configs(cmd, cfg)
+    except ConfigError as err:
+        refuse(err)
+    print(listing(configs, list(cfg.seeds) or [cfg.seed]))
+    return []
+
+
+def _prestart_workers(cmd: Any, cfg: Any) -> None:
+    """``jobs=N``: start the worker processes before this one imports torch, so that their
+    start-up overlaps its checks (a run that is then refused ends them with it)."""
+    from lit_fedco.config.load import variant_configs
+    from lit_fedco.experiment.jobs import prestart
+    from lit_fedco.experiment.subruns import sub_runs
+
+    try:
+        count = len(list(sub_runs(variant_configs(cmd, cfg), list(cfg.seeds) or [cfg.seed])))
+    except ConfigError:
+        return  # refused by the run's own checks, with its line
+    if 1 <= cfg.jobs <= 4 * (os.cpu_count() or 1):
+        prestart(min(cfg.jobs, count))

@@ -180,6 +180,13 @@ CASES = [
     case("dot-key", [".rounds=5"], r"command line: got '.rounds=5', whose key '.rounds' is not a config key"),
     case("double-dot-key", ["data..name=x"], r"command line: got 'data..name=x', whose key 'data..name' is not a config key"),
     case("preset-passwd", ["preset={d}/passwd"], r"preset: .*passwd is not a lit_fedco preset: 'root:x:0:0:root:/root:/bin/bash[^']*…' is not a config key"),
+    # --- jobs and sub-runs (issue 20)
+    case("jobs-0", ["jobs=0"], r"jobs: got 0, expected an int in \[1, \d+\]; set e\.g\. jobs=2"),
+    case("jobs-with-devices", ["jobs=2", "devices=2"], r"jobs: got 2, expected 1 with devices or num_nodes > 1"),
+    case("sub-run-out-of-range", ["updaters=[comfedl,fedavg]", "seeds=[0]", "sub_run=2", "run_name=g"], r"sub_run: got 2, expected an index in \[0, 1\] \(--list-sub-runs lists them\)"),
+    case("sub-run-without-run-name", ["sub_run=0"], r"run_name: got '', expected the name of the run the sub-run belongs to"),
+    case("sub-run-with-resume-path", ["sub_run=0", "run_name=g", "resume=x.ckpt"], r"resume: got 'x.ckpt', expected '' or auto with sub_run or jobs"),
+    case("jobs-in-variant", ["variants=[jobs=2]"], r"variants\[0\]: sets jobs=2, a key of the whole run"),
 ]  # fmt: skip
 
 

@@ -212,6 +212,7 @@ LAYERS = {
     "recipes": 9,
     "benchmarks": 9,
     "examples": 9,
+    "worker": 9,  # a jobs=N worker process: runs recipes through the entry point
 }
 """Each subpackage of lit_fedco (a top-level module counts as one) and its layer: a module may
 import its own subpackage and the layers below it, never a layer above or beside it (the

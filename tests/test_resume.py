@@ -170,10 +170,14 @@ def test_bad_checkpoints_are_refused_with_one_line(tmp_path):
         (ds, "updater=feddro", r"another updater: 'ds_feddro', this run has 'feddro'"),
         (good, "updater=feddro data.imbalance_ratio=5", r"another data partition"),
         (good, "updater=feddro model.hidden=16", r"another model"),
-        (good, "updater=feddro feddro.beta=0.3", r"made with feddro\.beta=0\.5, this run has feddro\.beta=0\.3"),
+        (
+            good,
+            "updater=feddro feddro.beta=0.3",
+            r"made with feddro\.beta=0\.5, this run has feddro\.beta=0\.3",
+        ),
         (good, "updater=feddro sample_dro.lam=2.0", r"made with sample_dro\.lam=1\.0"),
         (good, "updater=ds_feddro", r"another updater"),
-    ]  # fmt: skip
+    ]
     import re
 
     before = sorted(p for p in tmp_path.rglob("*") if p.is_file())

@@ -152,6 +152,12 @@ class RunConfig:
         checkpoint_keep: checkpoints kept per (updater, seed), the newest.
         resume: ``auto`` (continue the run ``run_name`` from its newest valid checkpoints) or a
             checkpoint file (one updater, one seed); empty: a new run.
+        jobs: run the sub-runs (one per variant, seed and updater) this many at a time, each
+            in a process of its own with ``threads`` (default: the cores shared out); the
+            same numbers, one table. Their output goes to ``<run>/logs/``.
+        sub_run: run only the sub-run with this index (``--list-sub-runs`` lists them) in the
+            run ``run_name``, beside others (a SLURM job array, a W&B sweep agent); the run's
+            table comes from ``resume=auto`` once all are complete. -1: all of them.
         objective: a registered problem (``client_dro``, ``sample_dro``, ``pfl``,
             ``invariant_logreg``, ``auprc``, ``maml``, ``fairness``) whose objectives every
             updater trains, with its parameters under its name; empty: each updater's default
@@ -202,6 +208,8 @@ class RunConfig:
     checkpoint_every: int = 10
     checkpoint_keep: int = 3
     resume: str = ""
+    jobs: int = 1
+    sub_run: int = -1
     objective: str = ""
     plugins: list[str] = field(default_factory=list)
     variants: list[str] = field(default_factory=list)

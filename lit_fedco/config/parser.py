@@ -38,8 +38,9 @@ from lit_fedco.config import catalog
 from lit_fedco.config.messages import check_flat_lists, example, friendly
 from lit_fedco.core.errors import ConfigError
 
-HELP_FLAGS = ("-h", "--help", "help", "--help-all")
-"""Arguments that ask for help (``--help-all``: every key)."""
+HELP_FLAGS = ("-h", "--help", "help", "--help-all", "--list-sub-runs")
+"""Arguments that ask for help (``--help-all``: every key; ``--list-sub-runs``: the run's
+sub-runs, for ``sub_run=INDEX``)."""
 PRESETS_PACKAGE = "lit_fedco.presets"
 """The package the shipped presets are installed as (the repository's ``recipes/`` folder)."""
 _RUN_LINE = re.compile(r"^#\s*Run:\s+python -m lit_fedco\.recipes\.(\w+)\b")
@@ -62,7 +63,8 @@ class CommandLine:
         defaults: the recipe's defaults.
         layers: ``(source, mapping)`` to merge in order: the recipe's defaults, each preset
             (the ones it extends first), then one per command-line item.
-        help: ``""``, ``"help"`` (``--help``) or ``"all"`` (``--help-all``).
+        help: ``""``, ``"help"`` (``--help``), ``"all"`` (``--help-all``) or ``"sub-runs"``
+            (``--list-sub-runs``).
     """
 
     argv: list[str]
@@ -304,6 +306,8 @@ def parse(
         else:
             items.append((source, _item(key, value)))
     help_kind = "all" if "--help-all" in flags else ("help" if flags else "")
+    if "--list-sub-runs" in flags:
+        help_kind = "sub-runs"
     return CommandLine(list(rest), dict(defaults or {}), [*layers, *items], help_kind)
 
 

@@ -135,6 +135,25 @@ def _multi_node_environment() -> bool:
     return any(k.detect() for k in kinds) or {"NODE_RANK", "MASTER_ADDR"} <= set(os.environ)
 
 
+def launch_rank(cfg: DictConfig) -> int | None:
+    """This process's global rank when a launcher outside lit_fedco started it as one process
+    of several (``torchrun``, ``srun``, or ``NODE_RANK`` per node), else None: then this process
+    is the run's only one, or Fabric starts the others itself.
+
+    Every such process runs the checks; rank 0 creates and writes the run folder, the others
+    read it (``run_name`` names it for all of them)."""
+    if cfg.devices * cfg.num_nodes == 1:
+        return None
+    from lightning.fabric.plugins import environments as envs
+
+    for kind in (envs.TorchElasticEnvironment, envs.SLURMEnvironment):
+        if kind.detect():
+            return int(kind().global_rank())
+    if cfg.num_nodes > 1 and os.environ.get("NODE_RANK", "").isdigit():
+        return int(os.environ["NODE_RANK"]) * cfg.devices  # Fabric starts this node's others
+    return None
+
+
 def _check_master_port(local: bool) -> None:
     """``MASTER_PORT``, when set: a port number, and on one node one that is free."""
     value = os.environ.get("MASTER_PORT")
@@ -362,6 +381,7 @@ def check_run(cfg: DictConfig, built: Assembly | None = None) -> None:
 RESUMABLE_CHANGES = (
     "rounds", "eval_every", "checkpoint_every", "checkpoint_keep", "progress", "tracking",
     "threads", "executor", "chunk_size", "devices", "num_nodes", "accelerator", "strategy",
+    "jobs", "sub_run",
 )  # fmt: skip
 """Keys a resumed run may change: the schedule's length and how the run executes."""
 

@@ -157,11 +157,18 @@ class RunLock:
             self.fd = None
 
 
-def lock_run(run_dir: Path) -> RunLock:
+def lock_run(
+    run_dir: Path, *, shared: bool = False, wait: bool = False, name: str = LOCK
+) -> RunLock:
     """Hold ``run_dir`` for this process: an exclusive ``flock`` on its :data:`LOCK` file, which
     records who holds it, until :meth:`RunLock.release`. The kernel releases it when the
     process ends, however it ends (``kill -9`` included), so a stale lock never blocks a
     resume.
+
+    A whole run holds its folder exclusively. The processes of a ``jobs=N`` run and single
+    sub-runs (``sub_run=INDEX``) hold it ``shared`` (they run side by side, never beside a
+    whole run), and each its sub-run's own lock file (``name``) exclusively; ``wait`` blocks
+    until the lock is free (a pre-training another sub-run is running) instead of refusing.
 
     Raises:
         ConfigError: another process holds the folder (its pid, host and start time named).
@@ -169,23 +176,26 @@ def lock_run(run_dir: Path) -> RunLock:
     import fcntl
     import socket
 
-    path = run_dir / LOCK
+    path = run_dir / name
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        mode = fcntl.LOCK_SH if shared else fcntl.LOCK_EX
+        fcntl.flock(fd, mode if wait else mode | fcntl.LOCK_NB)
     except OSError:
         holder = read_json(path) or {}
         os.close(fd)
         who = f"process {holder.get('pid', '?')} on {holder.get('host', '?')}"
+        what = run_dir if name == LOCK else f"{run_dir} ({name.removeprefix('.lock-')})"
         raise ConfigError(
-            f"run_name: {run_dir} is in use by {who} (since {holder.get('since', '?')}); wait "
+            f"run_name: {what} is in use by {who} (since {holder.get('since', '?')}); wait "
             f"for it to end, or stop it (kill {holder.get('pid', 'PID')}), then run again",
             key="run_name",
         ) from None
-    mine = {"pid": os.getpid(), "host": socket.gethostname(),
-            "since": time.strftime("%Y-%m-%dT%H:%M:%S")}  # fmt: skip
-    os.ftruncate(fd, 0)
-    os.write(fd, (json.dumps(mine) + "\n").encode())
+    if not shared:  # who holds it (shared holders leave the launcher's record)
+        mine = {"pid": os.getpid(), "host": socket.gethostname(),
+                "since": time.strftime("%Y-%m-%dT%H:%M:%S")}  # fmt: skip
+        os.ftruncate(fd, 0)
+        os.write(fd, (json.dumps(mine) + "\n").encode())
     return RunLock(fd)
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import sys
 import time
 from dataclasses import dataclass, field
@@ -32,6 +33,7 @@ from lit_fedco.experiment.assemble import (
     RESUMABLE_CHANGES,
     Assembly,
     check_run,
+    launch_rank,
     make_fabric,
     run_executor,
 )
@@ -54,10 +56,12 @@ from lit_fedco.experiment.session import (
     Stopped,
     WriteFailed,
     identity_of,
+    requested_signal,
     run_sub,
     stop_on_signals,
     verify,
 )
+from lit_fedco.experiment.subruns import SubRunSpec, pretrain_folder, pretrain_runs, sub_runs
 from lit_fedco.report.tracking import log_figures
 
 TABLE_COLUMNS = [
@@ -85,28 +89,19 @@ class Plan:
     resume: dict[str, Path] = field(default_factory=dict)
     done: dict[str, dict[str, float]] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
+    after_jobs: bool = False
+    """A ``jobs=N`` run whose sub-runs its workers ran: its start is recorded already and
+    what is left is the table."""
     branch: dict[str, Any] = field(default_factory=dict)
     """For ``resume=PATH`` of an earlier checkpoint, or of a complete run: the sub-run's
     folder name, the checkpoint, its round and the run it came from; it runs as a new run."""
 
 
-def sub_runs(configs: list[tuple[str, DictConfig]], seeds: list[int]):  # type: ignore[no-untyped-def]
-    """``(variant index, variant, config, updater, seed, folder name)`` of every sub-run, in
-    the order they run: variant by variant, seed by seed (the methods of a seed share its
-    data and its pre-training), updater by updater."""
-    for i, (variant, vcfg) in enumerate(configs):
-        for seed in seeds:
-            for name in vcfg.updaters:
-                folder = f"{name}-seed{seed}" if not variant else f"v{i}-{name}-seed{seed}"
-                yield i, variant, vcfg, name, seed, folder
-
-
-def pretrain_runs(configs: list[tuple[str, DictConfig]], seeds: list[int]):  # type: ignore[no-untyped-def]
-    """``(variant index, variant, config, seed, folder name)`` of every pre-training."""
-    for i, (variant, vcfg) in enumerate(configs):
-        if pretrain.enabled(vcfg):
-            for seed in seeds:
-                yield i, variant, vcfg, seed, pretrain.folder_name(i, variant, seed)
+def _chosen(
+    cfg: DictConfig, configs: list[tuple[str, DictConfig]], seeds: list[int]
+) -> list[SubRunSpec]:
+    """The sub-runs this process runs: all of them, or ``sub_run=INDEX``'s."""
+    return [s for s in sub_runs(configs, seeds) if cfg.sub_run < 0 or s.number == cfg.sub_run]
 
 
 def plan_run(
@@ -125,7 +120,7 @@ def plan_run(
     out_dir = Path(cfg.out_dir)
     check_writable(out_dir, recipe)
     plan = Plan()
-    if not cfg.resume:
+    if not cfg.resume and cfg.sub_run < 0:
         if cfg.run_name and holds_run(out_dir / recipe / cfg.run_name):
             raise ConfigError(
                 f"run_name: got {cfg.run_name!r}, but {out_dir / recipe / cfg.run_name} already "
@@ -133,22 +128,56 @@ def plan_run(
                 key="run_name",
             )
         return plan
-    if cfg.resume == "auto":
+    if cfg.resume in ("auto", ""):  # a sub-run (sub_run=INDEX) always continues what it has
         plan.run_dir = existing_run_dir(out_dir, recipe, cfg.run_name)
-        if not holds_run(plan.run_dir):
+        if not holds_run(plan.run_dir) and cfg.sub_run < 0:
             plan.notes.append(f"run {cfg.run_name} never got past its start (no config.yaml, no "
                               "sub-run): starting it now")  # fmt: skip
-        for _, _, vcfg, seed, folder in pretrain_runs(configs, seeds):
-            pcfg = pretrain.pretrain_config(vcfg)
-            pname = str(vcfg.pretrain.updater)
-            _plan_sub(plan, recipe, pcfg, pname, seed, plan.run_dir / folder, built)
-        for _, _, vcfg, name, seed, folder in sub_runs(configs, seeds):
-            _plan_sub(plan, recipe, vcfg, name, seed, plan.run_dir / folder, built)
-        total = len(list(sub_runs(configs, seeds))) + len(list(pretrain_runs(configs, seeds)))
-        if plan.done and not plan.resume and len(plan.done) == total:
-            plan.notes.append(f"run {plan.run_dir.name} is already complete: nothing to run")
-        return plan
+        return plan_existing(plan, recipe, cfg, configs, seeds, built)
     return _plan_path(plan, recipe, cfg, configs, seeds, built)
+
+
+def plan_existing(
+    plan: Plan,
+    recipe: str,
+    cfg: DictConfig,
+    configs: list[tuple[str, DictConfig]],
+    seeds: list[int],
+    built: Assembly,
+) -> Plan:
+    """What each sub-run of ``plan.run_dir`` (or just ``sub_run``'s) continues from, or its
+    final metrics when it is complete."""
+    assert plan.run_dir is not None
+    for _, _, vcfg, seed, folder in pretrain_runs(configs, seeds) if cfg.sub_run < 0 else []:
+        pcfg = pretrain.pretrain_config(vcfg)
+        pname = str(vcfg.pretrain.updater)
+        _plan_sub(plan, recipe, pcfg, pname, seed, plan.run_dir / folder, built)
+    for spec in _chosen(cfg, configs, seeds):
+        _plan_sub(plan, recipe, spec.cfg, spec.updater, spec.seed, plan.run_dir / spec.folder,
+                  built)  # fmt: skip
+    total = len(list(sub_runs(configs, seeds))) + len(list(pretrain_runs(configs, seeds)))
+    if cfg.sub_run < 0 and plan.done and not plan.resume and len(plan.done) == total:
+        plan.notes.append(f"run {plan.run_dir.name} is already complete: nothing to run")
+    return plan
+
+
+def _plan_finished(run_dir: Path, configs: list[tuple[str, DictConfig]], seeds: list[int]) -> Plan:
+    """The plan of a ``jobs=N`` run whose workers have just completed every sub-run: each one's
+    final metrics, as its ``status.json`` records them (its checkpoints were verified by the
+    worker that resumed it)."""
+    plan = Plan(run_dir=run_dir, after_jobs=True)
+    folders = [s.folder for s in sub_runs(configs, seeds)]
+    folders += [f for *_, f in pretrain_runs(configs, seeds)]
+    for folder in folders:
+        status = read_json(run_dir / folder / "status.json") or {}
+        if status.get("state") not in ("complete", "diverged") or not status.get("final"):
+            raise ConfigError(
+                f"resume: {run_dir / folder} did not complete ({status.get('state', 'no status')})"
+                f"; continue the run with resume=auto run_name={run_dir.name}",
+                key="resume",
+            )
+        plan.done[folder] = status["final"]
+    return plan
 
 
 def _plan_path(
@@ -164,7 +193,7 @@ def _plan_path(
     run it came from is left as it is."""
     path = Path(cfg.resume)
     found = ckpt.load(path)  # unreadable, truncated, corrupted: refused here
-    ((_, _, vcfg, name, seed, folder),) = list(sub_runs(configs, seeds))
+    ((_, _, _, vcfg, name, seed, folder),) = list(sub_runs(configs, seeds))
     data = built.data(vcfg, seed)
     params = built.updater(vcfg, name, seed)[0].params()
     verify(found, identity_of(recipe, vcfg, name, seed, data, params), path)
@@ -222,7 +251,35 @@ def _starting_point(
         base = {"params": pretrain.load_params(vcfg.init_from), "from": str(vcfg.init_from)}
     if not pretrain.enabled(vcfg):
         return base
-    folder = pretrain.folder_name(i, variant, seed)
+    folder = pretrain_folder(i, variant, seed)
+    args = (recipe, vcfg, variant, seed, plan, run_dir, folder, fabric, record, built, base)
+    if vcfg.sub_run >= 0:  # beside other sub-runs: the first to need it runs it, the others wait
+        guard = lock_run(run_dir, wait=True, name=f".lock-{folder}")
+        try:
+            if folder not in plan.done:
+                pcfg = pretrain.pretrain_config(vcfg)
+                _plan_sub(plan, recipe, pcfg, str(vcfg.pretrain.updater), seed,
+                          run_dir / folder, built)  # fmt: skip
+            return _pretrained(*args)
+        finally:
+            guard.release()
+    return _pretrained(*args)
+
+
+def _pretrained(
+    recipe: str,
+    vcfg: DictConfig,
+    variant: str,
+    seed: int,
+    plan: Plan,
+    run_dir: Path,
+    folder: str,
+    fabric: Any,
+    record: Any,
+    built: Assembly,
+    base: dict[str, Any] | None,
+) -> dict[str, Any] | None:
+    """The pre-training of ``folder``: read back when complete, else run (or resumed)."""
     saved = run_dir / folder / pretrain.PRETRAINED
     name = str(vcfg.pretrain.updater)
     rank0 = fabric.global_rank == 0
@@ -249,7 +306,8 @@ def _starting_point(
             saved = ckpt.listing(run_dir / folder / "checkpoints")[-1]
         params = pretrain.load_params(saved)
     else:
-        params = {k: v.detach().clone() for k, v in loop.server["x"].items()}
+        model = loop.server[loop.updater.model_key]
+        params = {k: v.detach().clone() for k, v in model.items()}
         last = run_dir / folder / "checkpoints" / ckpt.name_of(loop.round)
         if rank0 and last.is_file():  # the final checkpoint, under a name init_from= takes
             ckpt.atomic_write(saved, last.read_bytes())
@@ -368,32 +426,85 @@ def run_recipe(
     is a test set), in the table's title, the results and the figures' labels.
     """
     child = os.environ.get(RUN_DIR_ENV)  # a process Fabric started: the launcher checked it all
+    rank = launch_rank(cfg) if not child else None  # one of several an outside launcher started
     built = Assembly()
-    held = None
+    held: list[Any] = []
     try:
         configs = variant_configs(cmd, cfg)  # one per variant, or just cfg
         for c in [cfg, *(c for _, c in configs)]:  # executor=auto: the choice is recorded
             c.executor = run_executor(c)
         seeds = list(cfg.seeds) or [cfg.seed]
-        for variant, c in configs if not child else []:
+        check_jobs(cfg, len(list(sub_runs(configs, seeds))))
+        checks = configs
+        if cfg.sub_run >= 0:  # one sub-run: its own updater (the launcher, if any, checked all)
+            (spec,) = _chosen(cfg, configs, seeds)
+            mine = spec.cfg.copy()
+            mine.updaters = [spec.updater]
+            checks = [(spec.variant, mine)]
+        for variant, c in checks if not child else []:
             try:
                 check_run(c, built)
             except ConfigError as err:
                 raise err.within(f"variant {variant!r}") if variant else err from None
+        if rank is not None and not cfg.run_name:
+            raise ConfigError.bad_value(
+                "run_name", "", "a name every process of the run is given (torchrun, srun and "
+                "each node start their own processes; they share the run folder)", "nodes1",
+            )  # fmt: skip
+        if rank:  # not rank 0: rank 0 creates and writes the run folder, this one reads it
+            child = str(Path(cfg.out_dir) / recipe / cfg.run_name)
+        if cfg.sub_run >= 0 and not child:  # one sub-run, beside others of the same run
+            run_dir = Path(cfg.out_dir) / recipe / cfg.run_name
+            run_dir.mkdir(parents=True, exist_ok=True)
+            held.append(lock_run(run_dir, shared=True))
+            (spec,) = _chosen(cfg, configs, seeds)
+            held.append(lock_run(run_dir, name=f".lock-{spec.folder}"))
         # the processes Fabric starts read the same files and come to the same plan
         plan = plan_run(recipe, cfg, configs, seeds, built) if not child or cfg.resume else Plan()
         fix = "a run started from a checkpoint of another goes to a new folder: choose another "
         fix += "run_name, or leave it out"
         if child:
             run_dir = Path(child)
-        else:
+        elif cfg.sub_run < 0:
             run_dir = plan.run_dir or new_run_dir(Path(cfg.out_dir), recipe, cfg.run_name,
                                                   fix if plan.branch else "")  # fmt: skip
-            held = lock_run(run_dir)  # until the run ends; another process is refused here
+            # until the run ends; another process is refused here (jobs=N: its workers share it)
+            held.append(lock_run(run_dir, shared=cfg.jobs > 1))
             faults.point("run_folder_created")
     except ConfigError as err:
+        for lock in held:
+            lock.release()
         print(f"lit_fedco: {err}", file=sys.stderr)
         raise SystemExit(2) from None
+    try:
+        if cfg.jobs > 1 and not child:
+            _run_jobs(recipe, cmd, cfg, configs, seeds, plan, run_dir)
+            try:
+                plan = _plan_finished(run_dir, configs, seeds)
+            except ConfigError as err:
+                print(f"lit_fedco: {err}", file=sys.stderr)
+                raise SystemExit(1) from None
+        return _execute(recipe, cfg, configs, seeds, plan, run_dir, callbacks, columns,
+                        evaluated_on, built, child)  # fmt: skip
+    finally:
+        for lock in held:
+            lock.release()
+
+
+def _execute(
+    recipe: str,
+    cfg: DictConfig,
+    configs: list[tuple[str, DictConfig]],
+    seeds: list[int],
+    plan: Plan,
+    run_dir: Path,
+    callbacks: list[Any] | None,
+    columns: list[tuple[str, str]] | None,
+    evaluated_on: str,
+    built: Assembly,
+    child: str | None,
+) -> list[Any]:
+    """This process's sub-runs on Fabric, then (a whole run) the table and the results."""
     os.environ.setdefault("WANDB_SILENT", "true")
     if cfg.threads > 0:
         torch.set_num_threads(cfg.threads)
@@ -408,8 +519,99 @@ def run_recipe(
     finally:
         if not child:
             os.environ.pop(RUN_DIR_ENV, None)
-        if held is not None:
-            held.release()
+
+
+def check_jobs(cfg: DictConfig, count: int) -> None:
+    """``jobs`` and ``sub_run`` against the run: a sub-run that exists, in a named run; jobs
+    that each get a core, on one process each.
+
+    Raises:
+        ConfigError: naming the key.
+    """
+    most = 4 * (os.cpu_count() or 1)
+    if not 1 <= cfg.jobs <= most:
+        raise ConfigError.bad_value("jobs", cfg.jobs, f"an int in [1, {most}]", "2")
+    if cfg.jobs > 1 and cfg.devices * cfg.num_nodes > 1:
+        raise ConfigError.bad_value(
+            "jobs", cfg.jobs, "1 with devices or num_nodes > 1 (a sub-run runs on one process "
+            "per job; use one or the other)", "1",
+        )  # fmt: skip
+    if not -1 <= cfg.sub_run < count:
+        raise ConfigError.bad_value(
+            "sub_run", cfg.sub_run, f"an index in [0, {count - 1}] (--list-sub-runs lists them) "
+            "or -1 (all)", "0",
+        )  # fmt: skip
+    if cfg.sub_run >= 0 and not cfg.run_name:
+        raise ConfigError.bad_value(
+            "run_name", "", "the name of the run the sub-run belongs to (every sub-run of a run "
+            "writes into its folder)", "grid1",
+        )  # fmt: skip
+    if (cfg.sub_run >= 0 or cfg.jobs > 1) and cfg.resume not in ("", "auto"):
+        raise ConfigError.bad_value(
+            "resume", cfg.resume, "'' or auto with sub_run or jobs (resume=PATH runs one "
+            "checkpoint in one process)", "auto",
+        )  # fmt: skip
+
+
+def _run_jobs(
+    recipe: str,
+    cmd: CommandLine,
+    cfg: DictConfig,
+    configs: list[tuple[str, DictConfig]],
+    seeds: list[int],
+    plan: Plan,
+    run_dir: Path,
+) -> None:
+    """The sub-runs not complete yet, ``jobs`` at a time in worker processes
+    (:mod:`lit_fedco.experiment.jobs`), a line as each ends.
+
+    Raises:
+        SystemExit: a sub-run failed (exit code 1, after the others ended; each one named with
+            how to continue it alone) or the run was stopped (128 + the signal).
+    """
+    import importlib.util
+
+    from lit_fedco.experiment.jobs import Task, run_tasks
+
+    _record_start(cfg, plan, run_dir)
+    drop = ("jobs", "sub_run", "resume", "run_name", "out_dir", "progress", "threads")
+    argv = [a for a in cmd.argv if a.partition("=")[0].lstrip("-") not in drop]
+    threads = cfg.threads or max(1, (os.cpu_count() or 1) // cfg.jobs)
+    common = [f"out_dir={cfg.out_dir}", f"run_name={run_dir.name}", "resume=auto", "jobs=1",
+              "progress=false", f"threads={threads}"]  # fmt: skip
+    specs = [s for s in sub_runs(configs, seeds) if s.folder not in plan.done]
+    tasks = [Task(s.number, s.folder, [*argv, *common, f"sub_run={s.number}"],
+                  run_dir / "logs" / f"sub_run-{s.number}.txt") for s in specs]  # fmt: skip
+    main = sys.modules.get("__main__")
+    ours = importlib.util.find_spec(f"lit_fedco.recipes.{recipe}") is not None
+    main_path = None if ours else getattr(main, "__file__", None)
+    print(f"lit_fedco: {len(tasks)} sub-runs, {cfg.jobs} at a time ({threads} thread(s) each); "
+          f"their output goes to {run_dir / 'logs'}", flush=True)  # fmt: skip
+
+    def report(task: Task, code: int, finished: int, total: int) -> None:
+        took = time.perf_counter() - task.started
+        how = f"exit code {code}" if code >= 0 else "its process died"
+        state = "complete" if code == 0 else f"failed ({how}; log {task.log})"
+        stopped = code < 0 and requested_signal()
+        if code in (128 + signal.SIGTERM, 128 + signal.SIGINT) or stopped:
+            state = "stopped"
+        print(f"lit_fedco: [{finished}/{total}] {task.folder}: {state} ({took:.1f} s)", flush=True)
+
+    with stop_on_signals():
+        codes = run_tasks(tasks, cfg.jobs, recipe, cmd.defaults, main_path, report,
+                          stop=requested_signal)  # fmt: skip
+        signum = requested_signal()
+    again = f"run_name={run_dir.name} out_dir={cfg.out_dir} resume=auto"
+    if signum or len(codes) < len(tasks):
+        print(f"lit_fedco: stopped; continue with: {again} jobs={cfg.jobs}", file=sys.stderr)
+        raise SystemExit(128 + (signum or signal.SIGTERM))
+    failed = [t for t in tasks if codes.get(t.index, 1) != 0]
+    for t in failed:
+        print(f"lit_fedco: sub-run {t.index} ({t.folder}) failed (see {t.log}); continue it "
+              f"alone with: sub_run={t.index} {again}", file=sys.stderr)  # fmt: skip
+    if failed:
+        print(f"lit_fedco: then the table: {again}", file=sys.stderr)
+        raise SystemExit(1)
 
 
 def _run(
@@ -426,9 +628,10 @@ def _run(
 ) -> list[Any]:
     """Every sub-run of a planned run, then the table, the results and the folder's listing."""
     rank0 = fabric.global_rank == 0
-    if rank0:
+    chosen = _chosen(cfg, configs, seeds)
+    if rank0 and not plan.after_jobs:
         try:
-            _record_start(cfg, plan, run_dir)
+            _record_start(cfg, plan, run_dir, chosen[0].folder if cfg.sub_run >= 0 else "")
         except OSError as err:
             print(f"lit_fedco: cannot write the run's config in {run_dir} ({err.strerror or err}); "
                   "nothing has run: make room and run again", file=sys.stderr)  # fmt: skip
@@ -454,11 +657,11 @@ def _run(
 
     with stop_on_signals():
         try:
-            for i, variant, vcfg, name, seed, folder in sub_runs(configs, seeds):
+            for _, i, variant, vcfg, name, seed, folder in chosen:
                 init = start_of(i, variant, vcfg, seed)  # a pre-training runs before its methods
                 if folder in plan.done:
                     final = plan.done[folder]
-                    if rank0:
+                    if rank0 and not plan.after_jobs:
                         print(f"lit_fedco: {folder} is already complete; its results are kept")
                 else:
                     announce = name == vcfg.updaters[0]  # once per data set
@@ -483,6 +686,13 @@ def _run(
                 print(f"lit_fedco: {err}; make room and continue with: {again}", file=sys.stderr)
             raise SystemExit(1) from None
     table_rows = list(rows.items())
+    if cfg.sub_run >= 0:
+        if rank0:
+            spec = chosen[0]
+            print(f"lit_fedco: sub-run {spec.number} ({spec.folder}) of {run_dir} is complete; "
+                  f"once every sub-run is, resume=auto run_name={run_dir.name} "
+                  f"out_dir={cfg.out_dir} writes the run's table, results and figures")  # fmt: skip
+        return table_rows
     if rank0:
         table = format_table(table_rows, columns)
         title = f"{recipe}: final metrics per method ({evaluated_on}, mean over clients)"
@@ -526,12 +736,21 @@ def _branch_start(plan: Plan, folder: str, run_dir: Path) -> dict[str, Any]:
     return {"branched_from": {k: plan.branch[k] for k in ("checkpoint", "round", "run")}}
 
 
-def _record_start(cfg: DictConfig, plan: Plan, run_dir: Path) -> None:
+def _record_start(cfg: DictConfig, plan: Plan, run_dir: Path, own: str = "") -> None:
     """``config.yaml`` for a new run; one line of ``resumes.jsonl`` for a resumed one, with
-    what changed (rounds, and how it executes)."""
+    what changed (rounds, and how it executes). A single sub-run (``sub_run``, in folder
+    ``own``) writes the run's ``config.yaml`` if no other has, and nothing else."""
+    first = run_dir / "config.yaml"
+    if cfg.sub_run >= 0:  # beside other sub-runs: the run's config, written by the first
+        sweep(run_dir / own)  # never the other sub-runs' files
+        if not first.exists():
+            whole = OmegaConf.to_container(cfg, resolve=True)
+            assert isinstance(whole, dict)
+            whole.update(sub_run=-1, jobs=1, resume="")
+            write_text(first, OmegaConf.to_yaml(OmegaConf.create(whole)))
+        return
     sweep(run_dir)  # temporary files a killed run's atomic writes left behind
     resolved = OmegaConf.to_container(cfg, resolve=True)
-    first = run_dir / "config.yaml"
     if not first.exists():
         if cfg.resume and holds_run(run_dir):
             print(f"lit_fedco: {first} was missing; written again from this command line (the "

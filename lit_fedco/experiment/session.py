@@ -113,6 +113,11 @@ WRITE_FAILED = 65
 """The stop request of a process whose write failed (not a signal)."""
 
 
+def requested_signal() -> int:
+    """The signal this process was asked to stop by (SIGTERM, SIGINT), or 0."""
+    return next((c for c in _REQUESTED if c != WRITE_FAILED), 0)
+
+
 def request_stop(code: int) -> None:
     """Ask every process to stop after the round they are in (a signal number, or
     :data:`WRITE_FAILED`)."""

@@ -18,7 +18,7 @@ from omegaconf import DictConfig
 class SubRunSpec(NamedTuple):
     """One sub-run of a run."""
 
-    index: int
+    number: int
     variant_index: int
     variant: str
     cfg: DictConfig
@@ -63,7 +63,7 @@ def listing(configs: list[tuple[str, DictConfig]], seeds: list[int]) -> str:
     """The ``--list-sub-runs`` table: index, folder, updater, seed, variant."""
     rows = [("index", "folder", "updater", "seed", "variant")]
     for s in sub_runs(configs, seeds):
-        rows.append((str(s.index), s.folder, s.updater, str(s.seed), s.variant or "-"))
+        rows.append((str(s.number), s.folder, s.updater, str(s.seed), s.variant or "-"))
     widths = [max(len(r[c]) for r in rows) for c in range(5)]
     lines = ["  ".join(v.ljust(w) for v, w in zip(r, widths, strict=True)).rstrip() for r in rows]
     extra = [f for *_, f in pretrain_runs(configs, seeds)]

@@ -1,0 +1,172 @@
+"""A run's sub-runs spread over processes (issue 20): ``jobs=N`` gives the numbers and the table
+of ``jobs=1``; a sub-run whose process is killed (``kill -9``) continues alone; the sub-runs
+addressed from outside (``--list-sub-runs``, ``sub_run=INDEX``, as a SLURM job array or a W&B
+sweep agent runs them) merge into one run folder whose ``resume=auto`` writes the same table."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from lit_fedco.cli import run as main
+from lit_fedco.recipes.comfedl_dro import DEFAULTS
+from tests.helpers import REPO, override
+
+ARGS = ["updaters=[comfedl,fedavg]", "seeds=[0,1]", "rounds=120", "eval_every=20",
+        "checkpoint_every=10", "progress=false", "tracking=[csv]"]  # fmt: skip
+
+
+@pytest.fixture(autouse=True)
+def offline(monkeypatch):
+    monkeypatch.setenv("WANDB_MODE", "disabled")
+
+
+def recipe(out: Path, *extra: str) -> list[str]:
+    argv = override([*ARGS, f"out_dir={out}"], extra)
+    return [sys.executable, "-m", "lit_fedco.recipes.comfedl_dro", *argv]
+
+
+def launch(out: Path, *extra: str) -> subprocess.Popen:
+    env = {**os.environ, "WANDB_MODE": "disabled"}
+    return subprocess.Popen(recipe(out, *extra), cwd=REPO, env=env, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
+
+
+def finish(proc: subprocess.Popen, timeout: int = 300) -> tuple[int, str, str]:
+    out, err = proc.communicate(timeout=timeout)
+    return proc.returncode, out, err
+
+
+def numbers(run_dir: Path) -> dict:
+    """Everything a run's numbers are: its results and every metrics line, without times."""
+
+    def strip(x):
+        if isinstance(x, dict):
+            return {k: strip(v) for k, v in x.items() if not k.startswith("time")}
+        return [strip(v) for v in x] if isinstance(x, list) else x
+
+    results = json.loads((run_dir / "results.json").read_text())
+    rows = {
+        sub.parent.name: [strip(json.loads(line)) for line in sub.read_text().splitlines()]
+        for sub in sorted(run_dir.glob("*/metrics.jsonl"))
+    }
+    keep = ("results", "history", "per_client")
+    return {"results": strip({k: results[k] for k in keep}), "rows": rows}
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory) -> tuple[dict, str]:
+    """The run with ``jobs=1``: its numbers and its table."""
+    out = tmp_path_factory.mktemp("ref")
+    code, _, err = finish(launch(out, "run_name=ref"))
+    assert code == 0, err
+    run_dir = out / "comfedl_dro" / "ref"
+    return numbers(run_dir), (run_dir / "table.txt").read_text()
+
+
+def test_list_sub_runs_names_every_sub_run_in_order(capsys):
+    main("comfedl_dro", DEFAULTS, [*ARGS, "--list-sub-runs"])
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].split() == ["index", "folder", "updater", "seed", "variant"]
+    rows = [line.split() for line in lines[1:]]
+    assert rows == [
+        ["0", "comfedl-seed0", "comfedl", "0", "-"],
+        ["1", "fedavg-seed0", "fedavg", "0", "-"],
+        ["2", "comfedl-seed1", "comfedl", "1", "-"],
+        ["3", "fedavg-seed1", "fedavg", "1", "-"],
+    ]
+
+
+def test_list_sub_runs_with_variants_and_a_pre_training(capsys):
+    main("comfedl_dro", DEFAULTS, ["updaters=[fedavg]", "seeds=[3]", "pretrain.rounds=2",
+                                   "variants=[cohort=5,cohort=10]",
+                                   "--list-sub-runs"])  # fmt: skip
+    text = capsys.readouterr().out
+    assert re.search(r"^0\s+v0-fedavg-seed3\s+fedavg\s+3\s+cohort=5$", text, re.M)
+    assert re.search(r"^1\s+v1-fedavg-seed3\s+fedavg\s+3\s+cohort=10$", text, re.M)
+    assert "v0-pretrain-seed3, v1-pretrain-seed3" in text
+
+
+def test_jobs_2_gives_the_numbers_and_table_of_jobs_1(tmp_path, reference):
+    code, out, err = finish(launch(tmp_path, "run_name=two", "jobs=2"))
+    assert code == 0, err
+    run_dir = tmp_path / "comfedl_dro" / "two"
+    assert numbers(run_dir) == reference[0]
+    assert (run_dir / "table.txt").read_text() == reference[1]
+    assert "4 sub-runs, 2 at a time" in out
+    assert len(re.findall(r"\[\d/4\] \S+: complete", out)) == 4
+    assert sorted(p.name for p in (run_dir / "logs").iterdir()) == [
+        f"sub_run-{i}.txt" for i in range(4)
+    ]
+    assert "sub-run 2 (comfedl-seed1) of" in (run_dir / "logs" / "sub_run-2.txt").read_text()
+
+
+def test_a_killed_sub_run_continues_alone_then_the_run_writes_its_table(tmp_path, reference):
+    proc = launch(tmp_path, "run_name=k", "jobs=2")
+    run_dir = tmp_path / "comfedl_dro" / "k"
+    deadline = time.monotonic() + 120
+    while not list(run_dir.glob("*/checkpoints/round-*.ckpt")) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    workers = subprocess.run(["pgrep", "-P", str(proc.pid)], capture_output=True, text=True)
+    os.kill(int(workers.stdout.split()[0]), signal.SIGKILL)  # a worker dies mid-sub-run
+    code, out, err = finish(proc)
+    assert code == 1, err
+    failed = re.findall(r"sub-run (\d) \((\S+)\) failed .*continue it alone with: (.*)$", err, re.M)
+    assert len(failed) == 1, err
+    index, folder, again = failed[0]
+    assert "its process died" in out
+    assert not (run_dir / "results.json").exists()
+    assert (run_dir / folder / "status.json").is_file() or (run_dir / folder).is_dir()
+    assert f"out_dir={tmp_path} " in again + " "
+    keys = [a for a in again.split() if not a.startswith("out_dir=")]  # launch() gives it
+    code, out, err = finish(launch(tmp_path, *keys))  # the one sub-run, alone
+    assert code == 0, err
+    assert f"sub-run {index} ({folder}) of {run_dir} is complete" in out
+    assert not (run_dir / "results.json").exists()  # the table waits for resume=auto
+    code, out, err = finish(launch(tmp_path, "run_name=k", "resume=auto"))
+    assert code == 0, err
+    assert numbers(run_dir) == reference[0]
+    assert (run_dir / "table.txt").read_text() == reference[1]
+
+
+def test_sub_runs_of_a_job_array_merge_into_one_run(tmp_path, reference):
+    """As ``sbatch --array=0-3`` would: each element runs ``sub_run=$SLURM_ARRAY_TASK_ID`` into
+    the same run folder (two at a time here), then ``resume=auto`` writes the one table."""
+    for pair in ((0, 1), (2, 3)):
+        procs = [launch(tmp_path, "run_name=arr", f"sub_run={i}", "threads=1") for i in pair]
+        for proc in procs:
+            code, _, err = finish(proc)
+            assert code == 0, err
+    run_dir = tmp_path / "comfedl_dro" / "arr"
+    assert (run_dir / "config.yaml").is_file() and not (run_dir / "results.json").exists()
+    code, _, err = finish(launch(tmp_path, "run_name=arr", "resume=auto"))
+    assert code == 0, err
+    assert numbers(run_dir) == reference[0]
+    assert (run_dir / "table.txt").read_text() == reference[1]
+
+
+def test_a_sub_run_is_refused_beside_a_whole_run_of_the_same_name(tmp_path):
+    proc = launch(tmp_path, "run_name=busy", "rounds=4000")
+    run_dir = tmp_path / "comfedl_dro" / "busy"
+    deadline = time.monotonic() + 120
+    while not (run_dir / "config.yaml").is_file() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert proc.poll() is None
+    try:
+        other = subprocess.run(recipe(tmp_path, "run_name=busy", "sub_run=1", "rounds=4000"),
+                               cwd=REPO, capture_output=True, text=True, timeout=120)  # fmt: skip
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        finish(proc)
+    assert other.returncode == 2
+    (line,) = other.stderr.splitlines()
+    assert re.match(rf"lit_fedco: run_name: {re.escape(str(run_dir))} is in use by process "
+                    rf"{proc.pid} on ", line)  # fmt: skip
