@@ -170,3 +170,21 @@ def test_a_sub_run_is_refused_beside_a_whole_run_of_the_same_name(tmp_path):
     (line,) = other.stderr.splitlines()
     assert re.match(rf"lit_fedco: run_name: {re.escape(str(run_dir))} is in use by process "
                     rf"{proc.pid} on ", line)  # fmt: skip
+
+
+def test_jobs_2_with_a_pre_training_runs_it_once_per_seed(tmp_path):
+    """Each seed's methods start from its pre-training: the first worker to need it runs it, the
+    other waits for it; the numbers are those of ``jobs=1``."""
+    extra = ["rounds=4", "eval_every=2", "pretrain.rounds=3"]
+    for name, jobs in (("one", "jobs=1"), ("two", "jobs=2")):
+        code, out, err = finish(launch(tmp_path, f"run_name={name}", jobs, *extra))
+        assert code == 0, err
+    one, two = tmp_path / "comfedl_dro" / "one", tmp_path / "comfedl_dro" / "two"
+    assert numbers(two) == numbers(one)
+    assert (two / "table.txt").read_text() == (one / "table.txt").read_text()
+    for seed in (0, 1):
+        status = json.loads((two / f"pretrain-seed{seed}" / "status.json").read_text())
+        assert status["state"] == "complete" and status["round"] == 3
+    logs = "".join(p.read_text() for p in (two / "logs").iterdir())
+    assert logs.count("pretrain") >= 2  # run inside the workers, not by the launcher
+    assert "is already complete" not in out

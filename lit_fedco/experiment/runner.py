@@ -286,7 +286,7 @@ def _pretrained(
     loop = None
     if folder in plan.done:
         final = plan.done[folder]
-        if rank0:
+        if rank0 and not plan.after_jobs:
             print(f"lit_fedco: {folder} is already complete; its model is {saved}")
     else:
         pcfg = pretrain.pretrain_config(vcfg)
