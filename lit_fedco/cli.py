@@ -85,7 +85,10 @@ def _list_sub_runs(cmd: Any, cfg: Any) -> list[Any]:
         configs = variant_configs(cmd, cfg)
     except ConfigError as err:
         refuse(err)
-    print(listing(configs, list(cfg.seeds) or [cfg.seed]))
+    try:
+        print(listing(configs, list(cfg.seeds) or [cfg.seed]), flush=True)
+    except BrokenPipeError:  # `| head`: the reader has what it wanted
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
     return []
 
 

@@ -188,3 +188,18 @@ def test_jobs_2_with_a_pre_training_runs_it_once_per_seed(tmp_path):
     logs = "".join(p.read_text() for p in (two / "logs").iterdir())
     assert logs.count("pretrain") >= 2  # run inside the workers, not by the launcher
     assert "is already complete" not in out
+
+
+def test_a_sub_run_with_another_command_line_is_refused(tmp_path):
+    code, _, err = finish(launch(tmp_path, "run_name=mix", "sub_run=0", "rounds=4"))
+    assert code == 0, err
+    code, _, err = finish(launch(tmp_path, "run_name=mix", "sub_run=1", "rounds=4",
+                                 "comfedl.lr=0.5", "threads=1"))  # fmt: skip
+    assert code == 2
+    (line,) = err.splitlines()
+    assert line == (
+        "lit_fedco: sub_run: run mix was started with comfedl.lr=0.05, this sub-run has "
+        "comfedl.lr=0.5; give every sub-run of a run the same command line (only sub_run, "
+        "threads and how it executes may differ)"
+    )
+    assert not (tmp_path / "comfedl_dro" / "mix" / "fedavg-seed0").exists()

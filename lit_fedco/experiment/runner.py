@@ -459,6 +459,7 @@ def run_recipe(
             held.append(lock_run(run_dir, shared=True))
             (spec,) = _chosen(cfg, configs, seeds)
             held.append(lock_run(run_dir, name=f".lock-{spec.folder}"))
+            _check_same_run(cfg, run_dir)
         # the processes Fabric starts read the same files and come to the same plan
         plan = plan_run(recipe, cfg, configs, seeds, built) if not child or cfg.resume else Plan()
         fix = "a run started from a checkpoint of another goes to a new folder: choose another "
@@ -551,6 +552,49 @@ def check_jobs(cfg: DictConfig, count: int) -> None:
             "resume", cfg.resume, "'' or auto with sub_run or jobs (resume=PATH runs one "
             "checkpoint in one process)", "auto",
         )  # fmt: skip
+
+
+def _whole_run(cfg: DictConfig) -> dict[str, Any]:
+    """The run's config as its ``config.yaml`` records it, whichever sub-run writes it."""
+    whole = OmegaConf.to_container(cfg, resolve=True)
+    assert isinstance(whole, dict)
+    whole.update(sub_run=-1, jobs=1, resume="")
+    return {str(k): v for k, v in whole.items()}
+
+
+def _dotted(tree: Any, prefix: str = "") -> dict[str, Any]:
+    if not isinstance(tree, dict):
+        return {prefix: tree}
+    out: dict[str, Any] = {}
+    for k, v in tree.items():
+        out.update(_dotted(v, f"{prefix}.{k}" if prefix else str(k)))
+    return out
+
+
+def _check_same_run(cfg: DictConfig, run_dir: Path) -> None:
+    """A sub-run joins a run only with the run's own command line (how it executes aside).
+
+    Raises:
+        ConfigError: naming the first key that differs from the run's ``config.yaml``.
+    """
+    first = run_dir / "config.yaml"
+    if not first.is_file():
+        return
+    try:
+        before = OmegaConf.to_container(OmegaConf.load(first), resolve=True)
+    except Exception:  # unreadable: the checkpoints still verify what each sub-run resumes
+        return
+    free = {*RESUMABLE_CHANGES, "resume"}
+    theirs, mine = _dotted(before), _dotted(_whole_run(cfg))
+    for key in sorted(set(theirs) | set(mine)):
+        if key.split(".")[0] in free or theirs.get(key) == mine.get(key):
+            continue
+        raise ConfigError(
+            f"sub_run: run {run_dir.name} was started with {key}={theirs.get(key)!r}, this "
+            f"sub-run has {key}={mine.get(key)!r}; give every sub-run of a run the same command "
+            "line (only sub_run, threads and how it executes may differ)",
+            key="sub_run",
+        )
 
 
 def _run_jobs(
@@ -744,10 +788,7 @@ def _record_start(cfg: DictConfig, plan: Plan, run_dir: Path, own: str = "") -> 
     if cfg.sub_run >= 0:  # beside other sub-runs: the run's config, written by the first
         sweep(run_dir / own)  # never the other sub-runs' files
         if not first.exists():
-            whole = OmegaConf.to_container(cfg, resolve=True)
-            assert isinstance(whole, dict)
-            whole.update(sub_run=-1, jobs=1, resume="")
-            write_text(first, OmegaConf.to_yaml(OmegaConf.create(whole)))
+            write_text(first, OmegaConf.to_yaml(OmegaConf.create(_whole_run(cfg))))
         return
     sweep(run_dir)  # temporary files a killed run's atomic writes left behind
     resolved = OmegaConf.to_container(cfg, resolve=True)
