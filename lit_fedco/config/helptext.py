@@ -198,6 +198,7 @@ def render(
     prog = prog_of(recipe)
     w.lines.append(f"usage: {prog} [preset=NAME] [key=value ...]")
     w.lines.append(f"       {prog} --help | --help-all")
+    w.lines.append(f"       {prog} --list-sub-runs")
     doc = recipe_doc(recipe)
     if doc:
         w.blank()
