@@ -96,12 +96,12 @@ def _prestart_workers(cmd: Any, cfg: Any) -> None:
     """``jobs=N``: start the worker processes before this one imports torch, so that their
     start-up overlaps its checks (a run that is then refused ends them with it)."""
     from lit_fedco.config.load import variant_configs
-    from lit_fedco.experiment.jobs import prestart
+    from lit_fedco.experiment.jobs import per_core_limit, prestart
     from lit_fedco.experiment.subruns import sub_runs
 
     try:
         count = len(list(sub_runs(variant_configs(cmd, cfg), list(cfg.seeds) or [cfg.seed])))
     except ConfigError:
         return  # refused by the run's own checks, with its line
-    if 1 <= cfg.jobs <= 4 * (os.cpu_count() or 1):
+    if 1 <= cfg.jobs <= per_core_limit():  # else refused by the run's own checks
         prestart(min(cfg.jobs, count))

@@ -18,7 +18,7 @@ import textwrap
 from typing import Any
 
 from lit_fedco.config import catalog
-from lit_fedco.config.parser import presets
+from lit_fedco.config.parser import flat_keys, presets
 
 
 def width() -> int:
@@ -116,16 +116,6 @@ class Writer:
                 self.lines += [" " * col + line for line in body[1:]]
 
 
-def _flat(values: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for k, v in values.items():
-        if isinstance(v, dict):
-            out.update(_flat(v, f"{prefix}{k}."))
-        else:
-            out[f"{prefix}{k}"] = v
-    return out
-
-
 def brief(text: str) -> str:
     """A description's first sentence (``--help``; ``--help-all`` shows it whole)."""
     m = re.match(r"(.+?\.)\s+(?=[A-Z])", text)
@@ -213,7 +203,7 @@ def render(
     else:
         own = {k: v for k, v in defaults.items() if k not in nodes or k in sections}
         w.heading("Recipe keys (values as this command runs them):")
-        w.rows(_set_rows(run, sections, values, set(_flat(own))))
+        w.rows(_set_rows(run, sections, values, set(flat_keys(own))))
 
     updaters = [str(u) for u in values.get("updaters", [])]
     problems = _problems(nodes, updaters, str(values.get("objective") or ""))

@@ -49,6 +49,17 @@ _KEY = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$")
 """A config key: names of letters, digits and ``_``, joined by dots (``data.name``)."""
 
 
+def flat_keys(values: dict[Any, Any], prefix: str = "") -> dict[str, Any]:
+    """A nested mapping as ``{"dotted.key": value}``, the way the command line names keys."""
+    out: dict[str, Any] = {}
+    for k, v in values.items():
+        if isinstance(v, dict):
+            out.update(flat_keys(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
 def shorten(text: str, limit: int = 60) -> str:
     """``text`` cut to ``limit`` characters (with ``…``), for a message that echoes input."""
     return text if len(text) <= limit else text[: limit - 1] + "…"

@@ -23,6 +23,7 @@ from lit_fedco.data import FederatedData, make_federated
 from lit_fedco.engine.executors import choose_executor, make_executor
 from lit_fedco.engine.failures import Failures
 from lit_fedco.engine.loop import LoopConfig
+from lit_fedco.experiment.jobs import per_core_limit
 from lit_fedco.experiment.pretrain import check as check_pretrain
 from lit_fedco.experiment.pretrain import (
     check_shapes,
@@ -343,7 +344,7 @@ def check_run(cfg: DictConfig, built: Assembly | None = None) -> None:
         )
     if cfg.checkpoint_keep < 1:
         raise ConfigError.bad_value("checkpoint_keep", cfg.checkpoint_keep, "an int >= 1", "3")
-    most = 4 * (os.cpu_count() or 1)
+    most = per_core_limit()
     if not 0 <= cfg.threads <= most:
         raise ConfigError.bad_value(
             "threads", cfg.threads, f"an int in [0, {most}] (0: torch's default; at most 4 per "

@@ -24,7 +24,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from lit_fedco.config.load import variant_configs
-from lit_fedco.config.parser import CommandLine
+from lit_fedco.config.parser import CommandLine, flat_keys
 from lit_fedco.core import faults
 from lit_fedco.core.errors import ConfigError
 from lit_fedco.experiment import checkpoint as ckpt
@@ -38,6 +38,7 @@ from lit_fedco.experiment.assemble import (
     run_executor,
 )
 from lit_fedco.experiment.cpu_memory import keep_freed_memory
+from lit_fedco.experiment.jobs import Task, per_core_limit, run_tasks
 from lit_fedco.experiment.rundir import (
     RUN_DIR_ENV,
     History,
@@ -149,9 +150,7 @@ def plan_existing(
     final metrics when it is complete."""
     assert plan.run_dir is not None
     for _, _, vcfg, seed, folder in pretrain_runs(configs, seeds) if cfg.sub_run < 0 else []:
-        pcfg = pretrain.pretrain_config(vcfg)
-        pname = str(vcfg.pretrain.updater)
-        _plan_sub(plan, recipe, pcfg, pname, seed, plan.run_dir / folder, built)
+        _plan_pretrain(plan, recipe, vcfg, seed, plan.run_dir / folder, built)
     for spec in _chosen(cfg, configs, seeds):
         _plan_sub(plan, recipe, spec.cfg, spec.updater, spec.seed, plan.run_dir / spec.folder,
                   built)  # fmt: skip
@@ -212,9 +211,7 @@ def _plan_path(
     if ours and newest is not None and newest[0].resolve() == path.resolve() and not ended:
         plan.run_dir = run  # the newest checkpoint of a sub-run that stopped: continue it
         for _, _, _, pseed, pfolder in pretrain_runs(configs, seeds):  # its pre-training
-            pcfg = pretrain.pretrain_config(vcfg)
-            pname = str(vcfg.pretrain.updater)
-            _plan_sub(plan, recipe, pcfg, pname, pseed, plan.run_dir / pfolder, built)
+            _plan_pretrain(plan, recipe, vcfg, pseed, plan.run_dir / pfolder, built)
     else:
         what = "a complete run" if ended else "an earlier checkpoint of its run"
         plan.branch = {"folder": folder, "checkpoint": str(path), "round": at,
@@ -257,9 +254,7 @@ def _starting_point(
         guard = lock_run(run_dir, wait=True, name=f".lock-{folder}")
         try:
             if folder not in plan.done:
-                pcfg = pretrain.pretrain_config(vcfg)
-                _plan_sub(plan, recipe, pcfg, str(vcfg.pretrain.updater), seed,
-                          run_dir / folder, built)  # fmt: skip
+                _plan_pretrain(plan, recipe, vcfg, seed, run_dir / folder, built)
             return _pretrained(*args)
         finally:
             guard.release()
@@ -322,6 +317,14 @@ def _pretrained(
 
 def _already_done(found: dict[str, Any], cfg: DictConfig) -> bool:
     return int(found["loop"]["round"]) >= cfg.rounds
+
+
+def _plan_pretrain(
+    plan: Plan, recipe: str, vcfg: DictConfig, seed: int, folder: Path, built: Assembly
+) -> None:
+    """:func:`_plan_sub` for the pre-training of (a variant's config ``vcfg``, ``seed``)."""
+    pcfg = pretrain.pretrain_config(vcfg)
+    _plan_sub(plan, recipe, pcfg, str(vcfg.pretrain.updater), seed, folder, built)
 
 
 def _plan_sub(
@@ -436,8 +439,9 @@ def run_recipe(
         seeds = list(cfg.seeds) or [cfg.seed]
         check_jobs(cfg, len(list(sub_runs(configs, seeds))))
         checks = configs
+        chosen = _chosen(cfg, configs, seeds)
         if cfg.sub_run >= 0:  # one sub-run: its own updater (the launcher, if any, checked all)
-            (spec,) = _chosen(cfg, configs, seeds)
+            (spec,) = chosen
             mine = spec.cfg.copy()
             mine.updaters = [spec.updater]
             checks = [(spec.variant, mine)]
@@ -454,11 +458,11 @@ def run_recipe(
         if rank:  # not rank 0: rank 0 creates and writes the run folder, this one reads it
             child = str(Path(cfg.out_dir) / recipe / cfg.run_name)
         if cfg.sub_run >= 0 and not child:  # one sub-run, beside others of the same run
+            check_writable(Path(cfg.out_dir), recipe)
             run_dir = Path(cfg.out_dir) / recipe / cfg.run_name
             run_dir.mkdir(parents=True, exist_ok=True)
             held.append(lock_run(run_dir, shared=True))
-            (spec,) = _chosen(cfg, configs, seeds)
-            held.append(lock_run(run_dir, name=f".lock-{spec.folder}"))
+            held.append(lock_run(run_dir, name=f".lock-{chosen[0].folder}"))
             _check_same_run(cfg, run_dir)
         # the processes Fabric starts read the same files and come to the same plan
         plan = plan_run(recipe, cfg, configs, seeds, built) if not child or cfg.resume else Plan()
@@ -529,7 +533,7 @@ def check_jobs(cfg: DictConfig, count: int) -> None:
     Raises:
         ConfigError: naming the key.
     """
-    most = 4 * (os.cpu_count() or 1)
+    most = per_core_limit()
     if not 1 <= cfg.jobs <= most:
         raise ConfigError.bad_value("jobs", cfg.jobs, f"an int in [1, {most}]", "2")
     if cfg.jobs > 1 and cfg.devices * cfg.num_nodes > 1:
@@ -562,15 +566,6 @@ def _whole_run(cfg: DictConfig) -> dict[str, Any]:
     return {str(k): v for k, v in whole.items()}
 
 
-def _dotted(tree: Any, prefix: str = "") -> dict[str, Any]:
-    if not isinstance(tree, dict):
-        return {prefix: tree}
-    out: dict[str, Any] = {}
-    for k, v in tree.items():
-        out.update(_dotted(v, f"{prefix}.{k}" if prefix else str(k)))
-    return out
-
-
 def _check_same_run(cfg: DictConfig, run_dir: Path) -> None:
     """A sub-run joins a run only with the run's own command line (how it executes aside).
 
@@ -584,8 +579,10 @@ def _check_same_run(cfg: DictConfig, run_dir: Path) -> None:
         before = OmegaConf.to_container(OmegaConf.load(first), resolve=True)
     except Exception:  # unreadable: the checkpoints still verify what each sub-run resumes
         return
+    if not isinstance(before, dict):
+        return
     free = {*RESUMABLE_CHANGES, "resume"}
-    theirs, mine = _dotted(before), _dotted(_whole_run(cfg))
+    theirs, mine = flat_keys(before), flat_keys(_whole_run(cfg))
     for key in sorted(set(theirs) | set(mine)):
         if key.split(".")[0] in free or theirs.get(key) == mine.get(key):
             continue
@@ -614,8 +611,6 @@ def _run_jobs(
             how to continue it alone) or the run was stopped (128 + the signal).
     """
     import importlib.util
-
-    from lit_fedco.experiment.jobs import Task, run_tasks
 
     _record_start(cfg, plan, run_dir)
     drop = ("jobs", "sub_run", "resume", "run_name", "out_dir", "progress", "threads")

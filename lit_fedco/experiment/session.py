@@ -29,6 +29,7 @@ from omegaconf import DictConfig, OmegaConf
 from torch import Tensor
 from tqdm.auto import tqdm
 
+from lit_fedco.config.parser import flat_keys
 from lit_fedco.core.state import tree_leaves
 from lit_fedco.core.version import VERSION
 from lit_fedco.data import FederatedData, format_partition_stats
@@ -192,7 +193,7 @@ def verify(found: dict[str, Any], identity: dict[str, Any], path: Path) -> None:
                 f"run has {identity[key]!r}; resume it with the settings it was made with",
                 key="resume",
             )
-    old, new = _flat(found.get("config", {})), _flat(identity["config"])
+    old, new = flat_keys(found.get("config", {})), flat_keys(identity["config"])
     for key in sorted(set(old) | set(new)):
         if old.get(key) != new.get(key):
             shown = config_key(key, identity["config"])
@@ -213,15 +214,6 @@ def config_key(key: str, relevant: dict[str, Any]) -> str:
     if head == "problem" and rest:
         return "objective" if rest == "name" else f"{relevant['problem']['name']}.{rest}"
     return key
-
-
-def _flat(tree: Any, prefix: str = "") -> dict[str, Any]:
-    if isinstance(tree, dict):
-        out: dict[str, Any] = {}
-        for k, v in tree.items():
-            out.update(_flat(v, f"{prefix}{k}."))
-        return out
-    return {prefix[:-1]: tree}
 
 
 def identity_of(
