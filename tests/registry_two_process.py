@@ -6,7 +6,8 @@ processes, for the 1 process = 2 processes check::
 One launched Fabric (``strategy="ddp"``, gloo, when N > 1) runs every entry in turn for
 :data:`ROUNDS` rounds with the vectorized executor in float64; rank 0 writes ``FILE`` (a
 ``torch.save`` of ``{name: {"state": ..., "logs": ...}}``: the flattened server state followed
-by the flattened client-held rows, and the last round's logs with its evaluation). Every other
+by the flattened client-held rows, the last round's logs with its evaluation, and how many
+kept rows and bytes the process holds). Every other
 rank writes its own ``FILE.rank<r>`` the same way, so that the caller can check that all
 processes hold the same state.
 """
@@ -26,9 +27,10 @@ ROUNDS = 3
 
 
 def snapshot(loop: FederatedLoop) -> torch.Tensor:
-    """The server state, then the client-held rows, as one float64 vector."""
+    """The server state, then every client's kept rows (gathered from the processes that own
+    them), as one float64 vector."""
     server = flatten(loop.server)[0].double()
-    rows = flatten(loop.store.rows)[0].double()
+    rows = flatten(loop.state_dict()["clients"])[0].double()
     return torch.cat([server, rows]).cpu()
 
 
@@ -42,7 +44,9 @@ def run_all(fabric: Fabric, rounds: int = ROUNDS) -> dict[str, dict]:
         loop = build(name, hparams, executor="vectorized", fabric=fabric, rounds=rounds,
                      eval_every=rounds)  # fmt: skip
         loop.run()
-        out[name] = {"state": snapshot(loop), "logs": dict(loop.history[-1])}
+        out[name] = {"state": snapshot(loop), "logs": dict(loop.history[-1]),
+                     "kept_rows": len(loop.store.owned) if loop.store.rows else 0,
+                     "kept_bytes": loop.store.nbytes()}  # fmt: skip
     return out
 
 

@@ -122,7 +122,7 @@ CASES = [
     case("dtype-float16", ["dtype=float16"], r"dtype: got 'float16', expected one of"),
     case("executor-bogus", ["executor=bogus"], r"executor: got 'bogus', expected one of"),
     case("chunk-size-negative", ["chunk_size=-1"], r"chunk_size: got -1, expected an int >= 0"),
-    case("threads-negative", ["threads=-1"], r"threads: got -1, expected an int in \[0, \d+\] \(0: torch's default"),
+    case("threads-negative", ["threads=-1"], r"threads: got -1, expected an int in \[0, \d+\] \(0: the cores shared out"),
     case("objective-bogus", ["objective=bogus"], r"objective: got 'bogus', expected one of"),
     case("objective-for-updater", ["objective=auprc", "updater=feddro"], r"objective=auprc offers .*needs one of \['distributed'\].*\(in updater 'feddro'\)"),
     case("variant-unknown-key", ["variants=[roundz=3]"], r"roundz: unknown config key .*\(in variants\[0\] 'roundz=3'\)"),

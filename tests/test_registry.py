@@ -332,7 +332,8 @@ def test_two_processes_equal_one_process(tmp_path):
     entry): the server state and the client-held rows equal to rtol = atol = 1e-12 (the cohort
     sums are reduced in another order), both processes hold bit-for-bit the same state, the
     counted traffic and the accuracies of the last round's logs are equal exactly, and the
-    other logs (losses, weights) to rel 1e-12."""
+    other logs (losses, weights) to rel 1e-12. Each of the two processes holds the kept rows of
+    its own half of the clients only (client k on process k mod 2)."""
     results = {}
     for devices in (1, 2):
         out = tmp_path / f"devices{devices}.pt"
@@ -346,6 +347,11 @@ def test_two_processes_equal_one_process(tmp_path):
         a, b = one[name], two[name]
         torch.testing.assert_close(b["state"], a["state"], rtol=1e-12, atol=1e-12, msg=name)
         assert torch.equal(rank1["updaters"][name]["state"], b["state"]), name
+        held = (b["kept_bytes"], rank1["updaters"][name]["kept_bytes"])
+        assert sum(held) == a["kept_bytes"], name  # the K rows, split between the two
+        if a["kept_bytes"]:
+            rows = (b["kept_rows"], rank1["updaters"][name]["kept_rows"])
+            assert rows == ((a["kept_rows"] + 1) // 2, a["kept_rows"] // 2), name
         assert sorted(a["logs"]) == sorted(b["logs"]), name
         for key, v in a["logs"].items():
             if key.startswith("comm/") or "acc" in key:

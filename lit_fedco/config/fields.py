@@ -144,9 +144,10 @@ class RunConfig:
         run_name: the run's folder name; empty: the start time (``20261124-093000``).
         project: the W&B project.
         progress: show a progress bar.
-        threads: torch's intra-op CPU threads per process (0: torch's default). Small models
-            run fastest with 1: their operations are too small to split, and idle threads
-            spinning on a shared machine slow every step.
+        threads: torch's intra-op CPU threads per process; 0: the cores shared out among the
+            run's processes on this machine (at most torch's default), recorded in each
+            sub-run's ``status.json``. Small models run fastest with 1: their operations are
+            too small to split, and idle threads spinning on a shared machine slow every step.
         checkpoint_every: write a checkpoint every this many rounds (and after the last round,
             and on SIGTERM / SIGINT); 0: only then.
         checkpoint_keep: checkpoints kept per (updater, seed), the newest.

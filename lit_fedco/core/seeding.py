@@ -119,6 +119,8 @@ def generators(seed: int, clients: list[int], *keys: int) -> list[torch.Generato
     """``[generator(seed, k, *keys) for k in clients]``, the names hashed all at once
     (:func:`torch_seeds`); e.g. ``generators(seed, cohort, round_idx)`` gives every cohort
     client's minibatch stream of the round."""
+    if not clients:  # a process without clients this round
+        return []
     rows = np.array([[k, *keys] for k in clients], dtype=np.int64).reshape(len(clients), -1)
     return [torch.Generator().manual_seed(s) for s in torch_seeds(seed, rows)]
 

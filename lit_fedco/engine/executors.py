@@ -18,6 +18,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
+from torch import Tensor
 from torch.func import vmap
 
 from lit_fedco.core.errors import ConfigError
@@ -43,7 +44,22 @@ class Executor:
         self.chunk_size = chunk_size
 
     def map(self, fn: ClientFn, states: Any, batches: Any, ctx: Any, n: int) -> Any:
-        """Apply ``fn`` to each of the ``n`` clients; outputs stacked along dim 0."""
+        """Apply ``fn`` to each of the ``n`` clients; outputs stacked along dim 0.
+
+        With ``n = 0`` (a process that runs no client this round but takes part in the
+        round's collectives, which need the outputs' shapes) ``fn`` runs once on a phantom
+        client of ones (zeros for integer entries) and the outputs come back with 0 rows."""
+        if n > 0:
+            return self._map(fn, states, batches, ctx, n)
+
+        def phantom(v: Tensor) -> Tensor:
+            make = torch.ones if v.is_floating_point() else torch.zeros
+            return make((1, *v.shape[1:]), dtype=v.dtype, device=v.device)
+
+        rows = None if batches is None else tree_map(phantom, batches)
+        return tree_map(lambda v: v[:0], self._map(fn, tree_map(phantom, states), rows, ctx, 1))
+
+    def _map(self, fn: ClientFn, states: Any, batches: Any, ctx: Any, n: int) -> Any:
         raise NotImplementedError
 
 
@@ -52,7 +68,7 @@ class VectorizedExecutor(Executor):
 
     name = "vectorized"
 
-    def map(self, fn: ClientFn, states: Any, batches: Any, ctx: Any, n: int) -> Any:
+    def _map(self, fn: ClientFn, states: Any, batches: Any, ctx: Any, n: int) -> Any:
         vfn = vmap(fn, in_dims=(0, None if batches is None else 0, None), randomness="error")
         size = self.chunk_size or n
         if size >= n:
@@ -73,7 +89,7 @@ class SequentialExecutor(Executor):
 
     name = "sequential"
 
-    def map(self, fn: ClientFn, states: Any, batches: Any, ctx: Any, n: int) -> Any:
+    def _map(self, fn: ClientFn, states: Any, batches: Any, ctx: Any, n: int) -> Any:
         outs = [
             fn(index(states, i), None if batches is None else index(batches, i), ctx)
             for i in range(n)

@@ -2,10 +2,14 @@
 (:func:`lit_fedco.engine.round.federated_round`) → evaluation schedule → state dict.
 
 One code path for 1 or N processes: every rank samples the same cohort (seeded by seed and
-round), runs its share of the cohort clients (``cohort[rank::world]``, balanced), and takes
-part in every collective. The communication schedule depends only on step counters, never on
-data, so no rank can skip a collective. The model is not DDP-wrapped: local steps do not
-communicate; every collective is one ``fabric.all_reduce`` of one flat buffer.
+round), runs its share of the cohort clients, and takes part in every collective. The share is
+``cohort[rank::world]`` (balanced), or, for an updater whose clients keep state across rounds,
+the cohort clients the rank owns (client k on rank k mod N, :mod:`lit_fedco.engine.store`): a
+client's kept state then lives on one process only and never travels (a rank that owns none
+of a round's cohort still takes part in its collectives). The communication schedule depends
+only on step counters, never on data, so no rank can skip a collective. The model is not
+DDP-wrapped: local steps do not communicate; every collective is one ``fabric.all_reduce`` of
+one flat buffer.
 
 Randomness: the cohort of round r comes from a generator seeded by (seed, r); client k's
 minibatches in round r from one seeded by (seed, k, r) (:class:`~lit_fedco.data.BatchSampler`).
@@ -35,7 +39,7 @@ from lit_fedco.engine.evaluation import Evaluator
 from lit_fedco.engine.executors import Executor
 from lit_fedco.engine.round import federated_round
 from lit_fedco.engine.schedule import LoopConfig
-from lit_fedco.engine.store import make_store
+from lit_fedco.engine.store import make_store, owned_clients
 from lit_fedco.problems import Classification, Problem, ProblemParams
 from lit_fedco.updaters.base import CompositionalUpdater
 
@@ -79,7 +83,8 @@ class FederatedLoop:
         self.comm = FabricComm(fabric, dtype)
         params = updater.init_server(updater.params(), k)
         self.server: State = tree_map(lambda t: t.to(fabric.device, dtype), params)
-        self.store = make_store(updater, self.server, k)  # state clients keep across rounds
+        # state clients keep across rounds, each client's on the process that owns it
+        self.store = make_store(updater, self.server, k, self.rank, self.world)
         # the server optimizer: the updater's own (FedAdam), else the run's (server_opt.name)
         opt = updater.server_opt_config() or cfg.server_opt
         self.server_opt = ServerOptimizer(opt) if opt is not None and opt.name else None
@@ -97,7 +102,7 @@ class FederatedLoop:
         cfg, upd = self.cfg, self.updater
         k = self.data.num_clients
         cohort = sample_cohort(cfg.seed, self.round, k, cfg.cohort)
-        mine = cohort[self.rank :: self.world].contiguous()  # searchsorted warns on a strided view
+        mine = self.share(cohort)
         info = RoundInfo(self.round, k, cohort, self.local_steps, cfg.seed, self.sizes[cohort])
         roles = upd.batch_roles
         idx = self.sampler.sample_round(mine, self.round, self.local_steps, roles, cfg.batch_size)
@@ -122,6 +127,13 @@ class FederatedLoop:
         self.round += 1
         self.fabric.call("on_round_end", loop=self, logs=out)
         return out
+
+    def share(self, cohort: Tensor) -> Tensor:
+        """The cohort clients this process runs: the ones it owns when clients keep state (their
+        state is here), else every world-th from its rank (balanced)."""
+        if self.store.rows:
+            return owned_clients(cohort, self.rank, self.world)
+        return cohort[self.rank :: self.world].contiguous()  # searchsorted warns on a strided view
 
     def _batches(
         self, idx: Tensor, t: int, roles: tuple[str, ...], gens: list[torch.Generator]
@@ -172,12 +184,13 @@ class FederatedLoop:
 
         Other client state is rebuilt from the server state at every round, and minibatches,
         cohorts and conditional samples are functions of (seed, client, round), so there is no
-        other RNG state.
+        other RNG state. With N processes the kept state is gathered from its owners (one
+        collective): every process must call it.
         """
         out = {
             "round": self.round,
             "server": self.server,
-            "clients": self.store.rows,
+            "clients": self.store.gather(self.comm),
             "comm_total": self.comm_total,
             "seed": self.cfg.seed,
         }
@@ -194,7 +207,7 @@ class FederatedLoop:
         self.round = int(sd["round"])
         self.comm_total = float(sd["comm_total"])
         self.server = tree_map(lambda t: t.to(self.fabric.device, self.dtype), sd["server"])
-        self.store.rows = tree_map(lambda t: t.to(self.fabric.device, self.dtype), sd["clients"])
+        self.store.load(tree_map(lambda t: t.to(self.fabric.device, self.dtype), sd["clients"]))
         if self.server_opt is not None:
             self.server_opt.load_state_dict(
                 tree_map(lambda t: t.to(self.fabric.device), sd.get("server_opt", {}))

@@ -13,7 +13,7 @@
              the participant counts and the kept rows                             (one collective)
     server = server_update(server, means ∪ STEP means, ctx, info with participants)
     server[model] = server optimizer step from the old model, if any               SERVER
-    store  ← the kept rows of the clients that finished
+    store  ← the kept rows of the clients that finished (each process its own clients' rows)
 
 Every collective goes through a :class:`~lit_fedco.engine.comm.Comm` and sums; a mean is that
 sum divided by a count summed in the same buffer. A client completes t_k of the I local steps
@@ -244,11 +244,10 @@ def end_of_round(r: _Round, states: State, start: State, ctx: RoundContext) -> S
 
 
 def aggregate(
-    r: _Round, states: State, ctx: RoundContext, log_sum: dict[str, Any], keep: list[str]
+    r: _Round, states: State, ctx: RoundContext, log_sum: dict[str, Any]
 ) -> dict[str, Any]:
     """One collective of the round's sums over the clients that finished: their (weighted)
-    ``ROUND`` entries and weights, the step logs, the participant counts, and every cohort
-    client's kept rows with its finished flag."""
+    ``ROUND`` entries and weights, the step logs and the participant counts."""
     device = tree_leaves(states)[0].device
     done, steps = r.done, r.info.local_steps
     took = torch.ones(r.n, dtype=torch.bool) if done is None else done > 0
@@ -271,9 +270,6 @@ def aggregate(
     }
     if weights is not None:
         payload["weight"] = _sum_rows(weights.to(r.comm.dtype), finished)
-    if keep:
-        rows = {"rows": {k: states[k] for k in keep}, "finished": took.to(device)}
-        payload["kept"] = r.comm.scatter_rows(rows, r.positions, r.m)
     return r.comm.sum_tree(payload)
 
 
@@ -356,20 +352,24 @@ def federated_round(
     ctx, states = round_context(r, server, states, first)
     states, log_sum, step_mean = local_steps(r, states, batches, first, ctx)
     states = end_of_round(r, states, start, ctx)
-    keep = list(store.rows) if store is not None else []
-    total = aggregate(r, states, ctx, log_sum, keep)
+    total = aggregate(r, states, ctx, log_sum)
     new_server = server_step(r, server, total, step_mean, ctx, server_opt)
-    if store is not None and keep:
-        write_back(store, info.cohort, total["kept"])
+    if store is not None and store.rows:
+        write_back(r, store, states)
     r.up += round(float(total["counts"][0])) * numel(total["up"])
     traffic = Traffic(r.up / r.m, r.down / r.m)
     return RoundResult(new_server, round_logs(r, total, ctx), traffic, ctx)
 
 
-def write_back(store: ClientStore, cohort: Tensor, kept: dict[str, Any]) -> None:
-    """The kept rows of the clients that finished the round go back to the store."""
-    took = kept["finished"] > 0.5
-    store.write(cohort.to(took.device)[took], tree_map(lambda v: v[took], kept["rows"]))
+def write_back(r: _Round, store: ClientStore, states: State) -> None:
+    """The kept rows of this process's clients that finished the round go back to its store
+    (the process owns them: :func:`~lit_fedco.engine.store.owned_clients`)."""
+    rows = {key: states[key] for key in store.rows}
+    if r.done is None:
+        store.write(r.clients, rows)
+        return
+    took = r.done > 0
+    store.write(r.clients[took], tree_map(lambda v: v[took.to(v.device)], rows))
 
 
 def round_logs(r: _Round, total: dict[str, Any], ctx: RoundContext) -> dict[str, float]:

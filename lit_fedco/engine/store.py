@@ -1,51 +1,99 @@
 """Client-held state: the :attr:`~lit_fedco.core.protocol.Sync.KEEP` entries of every client.
 
 A client keeps such an entry across rounds and never sends it (Ditto's personal model,
-SCAFFOLD's control variate, Acc-FCSG-M's previous iterate). The store holds one row per client
-(K rows); the round reads the rows of its cohort at the start and writes back the rows of the
-clients that finished it at the end.
+SCAFFOLD's control variate, Acc-FCSG-M's previous iterate). Each client's rows live on one
+process only, its *owner* (client k on process ``k mod N`` of N, the process that also
+evaluates it), so that N processes hold K/N rows each instead of K. A round of an updater that
+keeps state runs every cohort client on its owner (:func:`owned_clients`); the round reads the
+rows of the process's cohort clients at the start and writes back, in place, the rows of those
+that finished it at the end. A checkpoint gathers every client's rows (:meth:`ClientStore.gather`,
+one collective) and a resumed process takes back its own (:meth:`ClientStore.load`).
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor
 
 from lit_fedco.core.protocol import RoundInfo, Sync
-from lit_fedco.core.state import State, broadcast, tree_map
+from lit_fedco.core.state import State, broadcast, tree_leaves, tree_map
 
 if TYPE_CHECKING:
+    from lit_fedco.engine.comm import Comm
     from lit_fedco.updaters.base import CompositionalUpdater
 
 
+def owned_clients(clients: Tensor, rank: int, world: int) -> Tensor:
+    """The entries of ``clients`` that process ``rank`` of ``world`` owns (k mod world = rank),
+    in their order."""
+    return clients if world == 1 else clients[clients % world == rank].contiguous()
+
+
 class ClientStore:
-    """The kept entries of every client, one row per client (K rows), identical on every process
-    so that whichever process runs a client finds its state.
+    """The kept entries of the clients this process owns, one row per owned client.
 
     Args:
         initial: one client's initial values of the kept entries (e.g. the initial model).
         num_clients: K.
+        rank, world: this process and the number of processes; process ``rank`` owns clients
+            ``rank, rank + world, ...`` (all K with one process).
     """
 
-    def __init__(self, initial: State, num_clients: int) -> None:
-        self.rows: State = {key: broadcast(v, num_clients) for key, v in initial.items()}
+    def __init__(self, initial: State, num_clients: int, rank: int = 0, world: int = 1) -> None:
+        self.num_clients, self.rank, self.world = num_clients, rank, world
+        self.owned = torch.arange(rank, num_clients, world)
+        self.rows: State = {key: broadcast(v, len(self.owned)) for key, v in initial.items()}
+
+    def _local(self, clients: Tensor) -> Tensor:
+        """The rows of ``clients`` in :attr:`rows`; a client of another process is refused."""
+        if self.world == 1:
+            return clients
+        if bool((clients % self.world != self.rank).any()):
+            raise ValueError(
+                f"process {self.rank} of {self.world} does not hold the kept state of clients "
+                f"{clients[clients % self.world != self.rank].tolist()} (client k lives on "
+                f"process k mod {self.world})"
+            )
+        return torch.div(clients, self.world, rounding_mode="floor")
 
     def read(self, clients: Tensor) -> State:
-        """The kept entries of ``clients``, stacked ``[n, ...]``."""
-        return {key: tree_map(lambda v: v[clients.to(v.device)], t) for key, t in self.rows.items()}
+        """The kept entries of ``clients`` (owned by this process), stacked ``[n, ...]``."""
+        local = self._local(clients)
+        return {key: tree_map(lambda v: v[local.to(v.device)], t) for key, t in self.rows.items()}
 
     def write(self, clients: Tensor, rows: State) -> None:
-        """Store ``rows`` (``[len(clients), ...]`` per kept entry) as the rows of ``clients``."""
-        self.rows = {
-            key: tree_map(
-                lambda store, v: store.index_copy(0, clients.to(store.device), v.to(store.dtype)),
+        """Store ``rows`` (``[len(clients), ...]`` per kept entry) as the rows of ``clients``
+        (owned by this process), in place."""
+        local = self._local(clients)
+        for key in self.rows:
+            tree_map(
+                lambda store, v: store.index_copy_(0, local.to(store.device), v.to(store.dtype)),
                 self.rows[key],
                 rows[key],
             )
-            for key in self.rows
-        }
+
+    def nbytes(self) -> int:
+        """Bytes of the rows this process holds."""
+        return sum(t.numel() * t.element_size() for t in tree_leaves(self.rows))
+
+    def gather(self, comm: Comm) -> State:
+        """Every client's rows (``[K, ...]``, in client order) on every process: this process's
+        rows placed at their clients, summed over processes in one collective (a transient
+        buffer of all K rows; a checkpoint's content). Every process must call it."""
+        if self.world == 1 or not self.rows:
+            return self.rows
+        return comm.sum_tree(comm.scatter_rows(self.rows, self.owned, self.num_clients))
+
+    def load(self, rows: State) -> None:
+        """Take this process's rows from every client's ``rows`` (``[K, ...]``, a checkpoint's)."""
+        owned = self.owned
+
+        def mine(v: Any) -> Any:
+            return v if self.world == 1 else v[owned.to(v.device)].clone()
+
+        self.rows = {key: tree_map(mine, t) for key, t in rows.items()}
 
 
 def kept_keys(updater: CompositionalUpdater) -> list[str]:
@@ -53,15 +101,18 @@ def kept_keys(updater: CompositionalUpdater) -> list[str]:
     return [key for key, s in updater.client_state.items() if s is Sync.KEEP]
 
 
-def make_store(updater: CompositionalUpdater, server: State, num_clients: int) -> ClientStore:
-    """A store of the updater's kept entries, every client starting from what ``init_client``
-    gives for them at ``server`` (e.g. the initial model), or from zeros shaped like the model
-    for an entry it does not give (a control variate); empty if the updater keeps nothing."""
+def make_store(
+    updater: CompositionalUpdater, server: State, num_clients: int, rank: int = 0, world: int = 1
+) -> ClientStore:
+    """A store of the updater's kept entries for the clients process ``rank`` of ``world`` owns,
+    every client starting from what ``init_client`` gives for them at ``server`` (e.g. the
+    initial model), or from zeros shaped like the model for an entry it does not give (a
+    control variate); empty if the updater keeps nothing."""
     keep = kept_keys(updater)
     if not keep:
-        return ClientStore({}, num_clients)
+        return ClientStore({}, num_clients, rank, world)
     info = RoundInfo(0, num_clients, torch.arange(num_clients), 1, 0)
     given = updater.init_client(server, info)
     model = server[updater.model_key]
     zeros = tree_map(torch.zeros_like, model)
-    return ClientStore({key: given.get(key, zeros) for key in keep}, num_clients)
+    return ClientStore({key: given.get(key, zeros) for key in keep}, num_clients, rank, world)

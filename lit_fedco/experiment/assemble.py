@@ -347,8 +347,8 @@ def check_run(cfg: DictConfig, built: Assembly | None = None) -> None:
     most = per_core_limit()
     if not 0 <= cfg.threads <= most:
         raise ConfigError.bad_value(
-            "threads", cfg.threads, f"an int in [0, {most}] (0: torch's default; at most 4 per "
-            f"CPU core, {os.cpu_count()} here)", "1",
+            "threads", cfg.threads, f"an int in [0, {most}] (0: the cores shared out; at most 4 "
+            f"per CPU core, {os.cpu_count()} here)", "1",
         )  # fmt: skip
     if cfg.data.data_dir and cfg.data.name in EMBEDDED_SOURCES:
         raise ConfigError(

@@ -50,6 +50,13 @@ class Worker:
     done: list[tuple[Task, int]] = field(default_factory=list)
 
 
+def usable_cores() -> int:
+    """The CPU cores this process may run on (its affinity mask where the system has one)."""
+    if hasattr(os, "sched_getaffinity"):
+        return max(1, len(os.sched_getaffinity(0)))
+    return os.cpu_count() or 1
+
+
 def per_core_limit() -> int:
     """The most ``jobs`` (and ``threads``) a run may ask for: 4 per CPU core of this machine."""
     return 4 * (os.cpu_count() or 1)

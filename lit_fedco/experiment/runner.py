@@ -38,7 +38,7 @@ from lit_fedco.experiment.assemble import (
     run_executor,
 )
 from lit_fedco.experiment.cpu_memory import keep_freed_memory
-from lit_fedco.experiment.jobs import Task, per_core_limit, run_tasks
+from lit_fedco.experiment.jobs import Task, per_core_limit, run_tasks, usable_cores
 from lit_fedco.experiment.rundir import (
     RUN_DIR_ENV,
     History,
@@ -511,12 +511,11 @@ def _execute(
 ) -> list[Any]:
     """This process's sub-runs on Fabric, then (a whole run) the table and the results."""
     os.environ.setdefault("WANDB_SILENT", "true")
-    if cfg.threads > 0:
-        torch.set_num_threads(cfg.threads)
     keep_freed_memory()  # a round's large temporaries reuse warm heap pages (cpu_memory.py)
     os.environ[RUN_DIR_ENV] = str(run_dir)
     try:
         fabric = make_fabric(cfg, callbacks)
+        torch.set_num_threads(process_threads(cfg))  # recorded in each sub-run's status.json
         rows = _run(recipe, cfg, configs, seeds, plan, run_dir, fabric, columns, evaluated_on,
                     built)  # fmt: skip
         _shut_down(fabric)
@@ -524,6 +523,17 @@ def _execute(
     finally:
         if not child:
             os.environ.pop(RUN_DIR_ENV, None)
+
+
+def process_threads(cfg: DictConfig) -> int:
+    """The intra-op threads of this process: ``threads``, or for 0 the CPU cores this process
+    may use shared out among the processes of the run on this machine (``devices`` per node,
+    or the launcher's ``LOCAL_WORLD_SIZE``), at most torch's own default — one process of a
+    2-core machine: 2; each of two: 1."""
+    if cfg.threads > 0:
+        return int(cfg.threads)
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", "0") or 0) or max(1, int(cfg.devices))
+    return max(1, min(torch.get_num_threads(), usable_cores() // local))
 
 
 def check_jobs(cfg: DictConfig, count: int) -> None:
@@ -615,7 +625,7 @@ def _run_jobs(
     _record_start(cfg, plan, run_dir)
     drop = ("jobs", "sub_run", "resume", "run_name", "out_dir", "progress", "threads")
     argv = [a for a in cmd.argv if a.partition("=")[0].lstrip("-") not in drop]
-    threads = cfg.threads or max(1, (os.cpu_count() or 1) // cfg.jobs)
+    threads = cfg.threads or max(1, usable_cores() // cfg.jobs)
     common = [f"out_dir={cfg.out_dir}", f"run_name={run_dir.name}", "resume=auto", "jobs=1",
               "progress=false", f"threads={threads}"]  # fmt: skip
     specs = [s for s in sub_runs(configs, seeds) if s.folder not in plan.done]

@@ -167,9 +167,10 @@ def content(loop: FederatedLoop, identity: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def finite(loop: FederatedLoop) -> bool:
-    """Whether every entry of the server state and of the clients' kept state is finite."""
-    leaves = tree_leaves({"s": loop.server, "c": loop.store.rows})
+def finite(state: dict[str, Any]) -> bool:
+    """Whether every entry of a loop state's (:meth:`FederatedLoop.state_dict`) server state and
+    clients' kept state is finite."""
+    leaves = tree_leaves({"s": state["server"], "c": state["clients"]})
     return all(bool(torch.isfinite(t).all()) for t in leaves if t.is_floating_point())
 
 
@@ -321,18 +322,21 @@ class SubRun:
         self.status.update(note)
         wandb_id = next((getattr(lg, "version", None) for lg in self.loggers), None)
         self.write_status(state="running", updater=self.name, seed=self.loop.cfg.seed,
-                          rounds=cfg.rounds, wandb_id=wandb_id)  # fmt: skip
+                          rounds=cfg.rounds, wandb_id=wandb_id, processes=self.fabric.world_size,
+                          threads=torch.get_num_threads())  # fmt: skip
 
     def save(self) -> Path | None:
-        """A checkpoint of the loop now (rank 0; never of a diverged state)."""
+        """A checkpoint of the loop now (every process calls it; rank 0 writes; never of a
+        diverged state)."""
         loop, folder_ck = self.loop, self.folder / "checkpoints"
-        if not self.rank0 or not finite(loop) or self.failed:
+        state = content(loop, self.identity)  # every process: the kept state is gathered here
+        if not self.rank0 or not finite(state["loop"]) or self.failed:
             return None
         path = folder_ck / ckpt.name_of(loop.round)
 
         def write() -> None:
             folder_ck.mkdir(exist_ok=True)
-            ckpt.save(path, content(loop, self.identity))
+            ckpt.save(path, state)
             ckpt.prune(folder_ck, self.cfg.checkpoint_keep)
 
         if not self.write(str(path), write):

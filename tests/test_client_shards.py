@@ -1,0 +1,152 @@
+"""Kept client state held by its owner only: client k's rows live on process k mod N
+(:mod:`lit_fedco.engine.store`), the process that runs and evaluates it. Unit checks of the
+store, then real 2-process gloo runs of updaters that keep state (SCAFFOLD's control variates,
+Ditto's personal models) against one process — with rounds in which a process owns none of the
+cohort, with failures, and through a ``kill -9`` and ``resume=auto``."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from lit_fedco.core.seeding import sample_cohort
+from lit_fedco.core.state import flatten
+from lit_fedco.engine.store import ClientStore, owned_clients
+from lit_fedco.experiment import checkpoint as ckpt
+from tests.helpers import REPO, free_port, run_recipe, the_run
+
+K = 10  # comfedl_dro's default digits split
+ARGS = [
+    "updaters=[scaffold,ditto]", "rounds=6", "eval_every=3", "cohort=2", "local_steps=3",
+    "dtype=float64", "data.big=200", "data.val_per_client=30", "failures.drop=0.2",
+    "checkpoint_every=1", "threads=0",
+]  # fmt: skip
+
+
+def _store(rank: int, world: int) -> ClientStore:
+    return ClientStore({"c": {"w": torch.zeros(3)}}, 5, rank, world)
+
+
+def test_each_process_holds_the_rows_of_the_clients_it_owns():
+    """Of K = 5 clients, process 0 of 2 holds clients 0, 2, 4 and process 1 clients 1, 3; one
+    process holds all five; a write lands in its own row, in place."""
+    assert _store(0, 2).owned.tolist() == [0, 2, 4]
+    assert _store(1, 2).owned.tolist() == [1, 3]
+    assert _store(0, 1).owned.tolist() == [0, 1, 2, 3, 4]
+    assert _store(0, 2).nbytes() + _store(1, 2).nbytes() == _store(0, 1).nbytes()
+    store = _store(1, 2)
+    rows = store.rows["c"]["w"]
+    store.write(torch.tensor([3]), {"c": {"w": torch.full((1, 3), 7.0)}})
+    assert store.rows["c"]["w"] is rows  # in place
+    assert rows.tolist() == [[0.0] * 3, [7.0] * 3]
+    assert store.read(torch.tensor([1, 3]))["c"]["w"][:, 0].tolist() == [0.0, 7.0]
+
+
+def test_a_client_of_another_process_is_refused():
+    with pytest.raises(ValueError, match=r"process 0 of 2 does not hold .* clients \[3\]"):
+        _store(0, 2).read(torch.tensor([2, 3]))
+    with pytest.raises(ValueError, match=r"clients \[0\]"):
+        _store(1, 2).write(torch.tensor([0]), {"c": {"w": torch.ones(1, 3)}})
+
+
+def test_a_checkpoints_rows_are_shared_out_by_owner():
+    """A checkpoint holds every client's rows; a resumed process keeps its own."""
+    full = {"c": {"w": torch.arange(15.0).view(5, 3)}}
+    one, two = _store(1, 2), _store(0, 1)
+    one.load(full)
+    two.load(full)
+    assert one.rows["c"]["w"][:, 0].tolist() == [3.0, 9.0]
+    assert torch.equal(two.rows["c"]["w"], full["c"]["w"])
+    assert owned_clients(torch.tensor([1, 4, 5, 8]), 1, 2).tolist() == [1, 5]
+
+
+def _empty_rounds(seeds: list[int]) -> int:
+    """Rounds in which one of two processes owns no client of the cohort."""
+    return sum(
+        len({int(k) % 2 for k in sample_cohort(s, r, K, 2)}) == 1 for s in seeds for r in range(6)
+    )
+
+
+def _state(sub_dir: Path) -> torch.Tensor:
+    found = ckpt.load(ckpt.listing(sub_dir / "checkpoints")[-1])["loop"]
+    assert found["round"] == 6
+    return torch.cat([flatten(found["server"])[0], flatten(found["clients"])[0]]).double()
+
+
+def _metrics(sub_dir: Path) -> list[dict]:
+    lines = (sub_dir / "metrics.jsonl").read_text().splitlines()
+    return [{k: v for k, v in json.loads(line).items() if not k.startswith("time")}
+            for line in lines]  # fmt: skip
+
+
+@pytest.mark.slow
+def test_kept_state_on_two_processes_equals_one_process(tmp_path):
+    """SCAFFOLD and Ditto (kept control variates and personal models), cohort 2 of 10 with
+    clients dropping out, 3 seeds, float64: 2 gloo processes (each running and keeping only the
+    clients it owns) give the server state and every client's kept rows of one process to
+    rtol = atol = 1e-12, every logged number to rel 1e-12 and the same table — including the
+    rounds in which one process runs no client (it still takes part in every collective)."""
+    one, _ = run_recipe("comfedl_dro", tmp_path / "one", 1, *ARGS)
+    two, _ = run_recipe("comfedl_dro", tmp_path / "two", 2, *ARGS)
+    seeds = [0, 1, 2]  # the recipe's default seeds
+    assert _empty_rounds(seeds) >= 3  # the case is exercised
+    a_dir = the_run(tmp_path / "one", "comfedl_dro")
+    b_dir = the_run(tmp_path / "two", "comfedl_dro")
+    for name in ("scaffold", "ditto"):
+        for seed in seeds:
+            sub = f"{name}-seed{seed}"
+            torch.testing.assert_close(_state(b_dir / sub), _state(a_dir / sub), rtol=1e-12,
+                                       atol=1e-12)  # fmt: skip
+            for la, lb in zip(_metrics(a_dir / sub), _metrics(b_dir / sub), strict=True):
+                assert la.keys() == lb.keys()
+                for key, v in la.items():
+                    assert lb[key] == pytest.approx(v, rel=1e-12, abs=1e-12), (sub, key)
+    assert (a_dir / "table.txt").read_text() == (b_dir / "table.txt").read_text()
+    assert one["results"].keys() == two["results"].keys()
+    # threads=0: the cores shared out among the processes, recorded per sub-run
+    cores = len(os.sched_getaffinity(0))
+    for run_dir, processes in ((a_dir, 1), (b_dir, 2)):
+        status = json.loads((run_dir / "scaffold-seed0" / "status.json").read_text())
+        assert status["processes"] == processes
+        assert status["threads"] == max(1, min(torch.get_num_threads(), cores // processes))
+
+
+@pytest.mark.slow
+def test_kill_9_of_two_processes_keeping_state_then_resume_is_bit_identical(tmp_path):
+    """Both processes killed (``SIGKILL``) in the second evaluation of SCAFFOLD's run, then
+    ``resume=auto`` on two processes: the checkpoint gathered every client's rows from their
+    owners and each process took its own back, so the run ends bit-identical to one never
+    stopped, every round logged once."""
+    args = [a for a in ARGS if not a.startswith("updaters=")] + ["updaters=[scaffold]"]
+    args = [a for a in args if not a.startswith("rounds=")] + ["rounds=6", "seeds=[0]"]
+
+    def command(name: str, *extra: str) -> list[str]:
+        return [sys.executable, "-m", "lit_fedco.recipes.comfedl_dro", "devices=2",
+                "tracking=[none]", "progress=false", f"out_dir={tmp_path}", f"run_name={name}",
+                *args, *extra]  # fmt: skip
+
+    def env(**extra: str) -> dict[str, str]:
+        return {**os.environ, "MASTER_PORT": str(free_port()), "WANDB_MODE": "disabled", **extra}
+
+    def run(name: str, *extra: str, **env_extra: str) -> subprocess.CompletedProcess:
+        return subprocess.run(command(name, *extra), capture_output=True, text=True, cwd=REPO,
+                              env=env(**env_extra), timeout=300)  # fmt: skip
+
+    straight = run("straight")
+    assert straight.returncode == 0, straight.stderr[-2000:]
+    killed = run("killed", LIT_FEDCO_KILL_AT="evaluation:2")
+    assert killed.returncode != 0
+    sub = tmp_path / "comfedl_dro" / "killed" / "scaffold-seed0"
+    assert ckpt.listing(sub / "checkpoints"), "no checkpoint before the kill"
+    resumed = run("killed", "resume=auto")
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    ref = tmp_path / "comfedl_dro" / "straight" / "scaffold-seed0"
+    assert torch.equal(_state(sub), _state(ref))
+    assert _metrics(sub) == _metrics(ref)
+    assert [line["round"] for line in _metrics(sub)] == list(range(1, 7))
