@@ -53,6 +53,35 @@ def test_tiny_run_writes_a_record_per_workload_and_impl(tmp_path, capsys, keep_t
     assert "client-steps/s" in text and "agree" in text and "FAIL" not in text
 
 
+@pytest.mark.slow
+def test_devices_mode_runs_real_processes_and_reports_their_kept_state(
+    tmp_path, capsys, keep_threads
+):
+    """``--devices 1 2 --updater scaffold``: each executor on one and on two Fabric processes
+    (gloo), a record each; with two, each process holds the control variates of half of the
+    K = 6 clients (its own), the two halves adding up to the one process's."""
+    out = tmp_path / "t.json"
+    argv = ["--workloads", "logreg", "--clients", "6", "--threads", "1", "--repeat", "1",
+            "--min-time", "0", "--check-rounds", "0", "--data-dir", "", "--devices", "1", "2",
+            "--updater", "scaffold", "--json", str(out)]  # fmt: skip
+    T.main(argv)
+    records = [r for r in json.loads(out.read_text()) if "processes" in r]
+    assert {(r["impl"], r["processes"]) for r in records} == {
+        (i, n) for i in ("vectorized", "sequential") for n in (1, 2)
+    }
+    for r in records:
+        n = r["processes"]
+        assert r["client_steps_per_s"] > 0 and r["threads_per_process"] == 1
+        assert r["updater"] == "scaffold" and r["ratio_to_plain"] is None  # not FedAvg's work
+        assert len(r["peak_mem_mib_per_process"]) == n and min(r["peak_mem_mib_per_process"]) > 0
+        assert r["kept_clients_per_process"] == ([6] if n == 1 else [3, 3])
+        one = next(o for o in records if o["impl"] == r["impl"] and o["processes"] == 1)
+        kept = r["kept_state_mib_per_process"]
+        assert sum(kept) == pytest.approx(one["kept_state_mib_per_process"][0], rel=1e-12)
+        assert max(kept) == pytest.approx(sum(kept) / n, rel=1e-12) and kept[0] > 0
+    assert "processes (--devices)" in capsys.readouterr().out
+
+
 def tiny(name: str = "conv", **kw) -> T.Workload:
     (w,) = T.make_workloads([name], [3], quick=True, data_dir="")
     return T.Workload(**{**w.__dict__, **kw})
@@ -160,6 +189,8 @@ def test_which_idx_data_a_folder_holds(tmp_path, monkeypatch):
         ["--workloads", "logreg", "--clients", "5000"],
         ["--clients", "ten"],
         ["--no-such-flag"],
+        ["--devices", "0"],
+        ["--updater", "scaffold"],
     ],
 )
 def test_bad_input_exits_2_with_one_line(argv, capsys):

@@ -3,6 +3,7 @@
     python -m lit_fedco.benchmarks.throughput [--workloads logreg conv resnet20 cnn4]
         [--clients K ...] [--threads N ...] [--repeat 2] [--quick] [--json PATH]
         [--device cpu|cuda] [--profile vectorized] [--data-dir DIR [--data-name mnist]]
+        [--devices 1 2 [--updater scaffold]]
 
 Each workload is FedAvg (the same learning rate everywhere) run three ways on the same data:
 
@@ -32,6 +33,13 @@ memory, also per cohort client); where the peak cannot be reset, ``ru_maxrss`` (
 mark of the whole process). On CUDA, the allocator's peak (``max_memory_allocated``). Per
 simulated client: the peak above what the process held before the workload's data were built
 (the data, the three implementations' state, one-off allocations of first use), divided by K.
+
+Processes (``--devices 1 2``): lit_fedco's executors again, each on N CPU processes that
+Lightning Fabric starts (gloo, ``--threads`` per process), as a recipe with ``devices=N`` runs;
+each measurement in fresh processes (:mod:`lit_fedco.benchmarks.processes`): client-steps/s,
+its ratio to this run's plain loop (one process) and to the same executor on one launched
+process, and per process the peak resident set and the kept client state it holds
+(``--updater scaffold``: a control variate per client; FedAvg keeps none).
 
 Agreement: after timing, every implementation runs ``--check-rounds`` rounds again, in
 float64, from the same initial model; the final global models of lit_fedco's executors must
@@ -342,10 +350,12 @@ class PlainLoop:
 
 
 class LitFedco:
-    """FedAvg through :class:`~lit_fedco.engine.loop.FederatedLoop` with executor ``executor``."""
+    """FedAvg (or ``updater``, with FedAvg's step size) through
+    :class:`~lit_fedco.engine.loop.FederatedLoop` with executor ``executor``, on ``fabric``
+    (default: one process on ``device``)."""
 
     def __init__(self, w: Workload, data, device: str, dtype: torch.dtype, seed: int,
-                 executor: str) -> None:  # fmt: skip
+                 executor: str, updater: str = "fedavg", fabric=None) -> None:  # fmt: skip
         from lightning.fabric import Fabric
 
         from lit_fedco.engine.executors import make_executor
@@ -353,18 +363,33 @@ class LitFedco:
         from lit_fedco.updaters import get_updater
 
         net = build_net(w, tuple(data.x_train.shape[1:]), data.num_classes, seed)
-        cls = get_updater("fedavg")
-        updater = cls(cls.hparams_cls(lr=w.lr), net)
+        cls = get_updater(updater)
+        upd = cls(cls.hparams_cls(lr=w.lr), net)
         cfg = LoopConfig(rounds=10**9, local_steps=w.local_steps, cohort=w.cohort,
                          batch_size=w.batch_size, seed=seed, progress=False)  # fmt: skip
-        fabric = Fabric(accelerator=device, devices=1)
-        self.loop = FederatedLoop(fabric, updater, data, cfg, make_executor(executor), dtype)
+        fabric = fabric or Fabric(accelerator=device, devices=1)
+        self.loop = FederatedLoop(fabric, upd, data, cfg, make_executor(executor), dtype)
 
     def run_round(self) -> None:
         self.loop.run_round()
 
     def params(self) -> dict[str, Tensor]:
         return self.loop.server["x"]
+
+
+def make_lit_fedco(w: Workload, data, device: str, dtype: torch.dtype, seed: int, executor: str,
+                   updater: str = "fedavg", fabric=None) -> LitFedco:  # fmt: skip
+    """lit_fedco's implementation of ``w`` with ``executor`` and ``updater`` on ``fabric``."""
+    return LitFedco(w, data, device, dtype, seed, executor, updater, fabric)
+
+
+def free_port() -> int:
+    """A TCP port free on this machine now (for ``MASTER_PORT``)."""
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
 
 
 def make_impl(impl: str, w: Workload, data, device: str, dtype: torch.dtype, seed: int):
@@ -553,6 +578,69 @@ def measure(
     return records
 
 
+def run_processes(spec: dict[str, Any], folder: Path, timeout: float = 3600) -> dict[str, Any]:
+    """Run the measurement ``spec`` in a fresh ``python -m lit_fedco.benchmarks.processes``
+    (Fabric starts its other processes) and return its record.
+
+    Raises:
+        RuntimeError: the measurement failed; the message ends with its standard error.
+    """
+    import os
+    import subprocess
+
+    spec_path, out_path = folder / "spec.json", folder / "out.json"
+    spec_path.write_text(json.dumps(spec))
+    out_path.unlink(missing_ok=True)
+    env = {**os.environ, "MASTER_PORT": str(free_port()), "WANDB_MODE": "disabled"}
+    proc = subprocess.run(
+        [sys.executable, "-m", "lit_fedco.benchmarks.processes", str(spec_path), str(out_path)],
+        capture_output=True, text=True, env=env, timeout=timeout,
+    )  # fmt: skip
+    if proc.returncode != 0 or not out_path.exists():
+        raise RuntimeError(f"devices={spec['devices']} failed: {proc.stderr[-2000:]}")
+    return json.loads(out_path.read_text())
+
+
+def measure_processes(
+    w: Workload, args: argparse.Namespace, threads: int, plain_rate: float | None
+) -> list[dict[str, Any]]:
+    """lit_fedco's executors on each of ``args.devices`` CPU processes (``threads`` each),
+    every measurement in fresh processes that Fabric starts
+    (:mod:`lit_fedco.benchmarks.processes`); one record per (executor, processes). Ratios: to
+    ``plain_rate`` (the plain loop's median in this run, one process with ``threads``; FedAvg
+    only), and to the same executor on one launched process."""
+    import dataclasses
+    import tempfile
+
+    records: list[dict[str, Any]] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for impl in [i for i in args.impls if i != "plain"]:
+            for n in args.devices:
+                spec = {
+                    "workload": dataclasses.asdict(w), "impl": impl, "updater": args.updater,
+                    "devices": n, "threads": threads, "min_time": args.min_time,
+                    "repeat": args.repeat, "seed": args.seed, "data_dir": args.data_dir,
+                    "system_malloc": args.system_malloc,
+                }  # fmt: skip
+                got = run_processes(spec, Path(tmp))
+                rate = got["client_steps_per_s"]
+                fedavg = args.updater == "fedavg"
+                records.append({
+                    "workload": w.name, "clients": w.clients, "impl": impl, "threads": threads,
+                    "updater": args.updater, **got,
+                    "ratio_to_plain": rate / plain_rate if plain_rate and fedavg else None,
+                    "cohort": w.cohort, "local_steps": w.local_steps, "batch_size": w.batch_size,
+                    "model": w.model, "data": w.data, "device": "cpu", "dtype": "float32",
+                    "torch": torch.__version__,
+                })  # fmt: skip
+            ones = [r for r in records if r["impl"] == impl and r["processes"] == 1]
+            for r in records:
+                if r["impl"] == impl:
+                    one = ones[0]["client_steps_per_s"] if ones else None
+                    r["ratio_to_one_process"] = r["client_steps_per_s"] / one if one else None
+    return records
+
+
 def profile_round(w: Workload, data, args: argparse.Namespace, impl: str, rows: int = 15) -> str:
     """torch.profiler's table (self time, top ``rows`` ops) of one round of ``impl``, after a
     warm-up round."""
@@ -573,10 +661,39 @@ def _num(x: float) -> str:
     return f"{x:,.0f}" if x >= 100 else f"{x:,.1f}"
 
 
+def format_processes(
+    records: list[dict[str, Any]], workloads: dict[tuple[str, int], Workload]
+) -> str:
+    """The ``--devices`` table: each executor on N processes."""
+    lines = [
+        "processes (--devices): client-steps/s, every timed slot; ratio to the plain loop (one "
+        "process, same threads, this run) and to one launched process; per process: peak MiB, "
+        "MiB of kept client state (clients held)",
+        f"{'workload':<52}{'thr':>4}  {'impl':<11}{'updater':<9}{'N':>2}  {'slots':<22}"
+        f"{'/plain':>7}{'/N=1':>7}  per process",
+    ]
+    for r in records:
+        w = workloads[(r["workload"], r["clients"])]
+        slots = " / ".join(_num(x) for x in r["client_steps_per_s_runs"])
+        plain = f"{r['ratio_to_plain']:.2f}x" if r["ratio_to_plain"] else "-"
+        one = f"{r['ratio_to_one_process']:.2f}x" if r.get("ratio_to_one_process") else "-"
+        mem = ", ".join(
+            f"{p:.0f} / {k:.1f} ({c})"
+            for p, k, c in zip(r["peak_mem_mib_per_process"], r["kept_state_mib_per_process"],
+                               r["kept_clients_per_process"], strict=True)
+        )  # fmt: skip
+        lines.append(f"{w.label():<52}{r['threads']:>4}  {r['impl']:<11}{r['updater']:<9}"
+                     f"{r['processes']:>2}  {slots:<22}{plain:>7}{one:>7}  {mem}")  # fmt: skip
+    return "\n".join(lines)
+
+
 def format_tables(records: list[dict[str, Any]], workloads: dict[tuple[str, int], Workload]) -> str:
-    """The throughput table (every slot, like issue 13's) and the memory/agreement table."""
+    """The throughput table (every slot, like issue 13's) and the memory/agreement table (of
+    the one-process records; :func:`format_processes` shows the others)."""
     groups: dict[tuple[str, int, int], dict[str, dict[str, Any]]] = {}
     for r in records:
+        if "processes" in r:
+            continue
         groups.setdefault((r["workload"], r["clients"], r["threads"]), {})[r["impl"]] = r
     impls = [i for i in IMPLS if any(i in g for g in groups.values())]
     lines = [
@@ -705,9 +822,24 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=None,
         help="print torch.profiler's top ops of one round of this impl",
     )
+    p.add_argument(
+        "--devices",
+        type=int,
+        nargs="+",
+        default=None,
+        help="also run lit_fedco's executors on each of these numbers of CPU processes "
+        "(Lightning Fabric, gloo; --threads per process), e.g. --devices 1 2",
+    )
+    p.add_argument(
+        "--updater",
+        choices=("fedavg", "scaffold"),
+        default="fedavg",
+        help="the updater of the --devices runs (scaffold: control variates kept per client, "
+        "to see the kept state per process; no ratio to the plain loop then)",
+    )
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args(argv)
-    for key in ("clients", "threads"):
+    for key in ("clients", "threads", "devices"):
         bad = [v for v in getattr(args, key) or [] if v < 1]
         if bad:
             p.error(f"--{key}: got {bad[0]}, need integers >= 1")
@@ -723,6 +855,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error(f"--seed: got {args.seed}, need an integer >= 0")
     if "plain" not in args.impls:
         p.error("--impls: the plain loop is the baseline of every ratio; include plain")
+    if args.devices and args.device != "cpu":
+        p.error("--devices: CPU processes only (one GPU per process needs several GPUs)")
+    if args.updater != "fedavg" and not args.devices:
+        p.error("--updater: applies to the --devices runs; add --devices 1 2")
     if args.device == "cuda" and not torch.cuda.is_available():
         p.error("--device cuda: torch sees no CUDA device here; use --device cpu")
     if args.json is not None and not args.json.parent.is_dir():
@@ -802,6 +938,13 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
             records += got
             line = "  ".join(f"{r['impl']} {_num(r['client_steps_per_s'])}" for r in got)
             print(f"{w.label()} threads={n}: {line} client-steps/s", flush=True)
+            if args.devices:
+                plain = next(r["client_steps_per_s"] for r in got if r["impl"] == "plain")
+                procs = measure_processes(w, args, n, plain)
+                records += procs
+                line = "  ".join(f"{r['impl']} N={r['processes']} "
+                                 f"{_num(r['client_steps_per_s'])}" for r in procs)  # fmt: skip
+                print(f"{w.label()} threads={n} per process: {line} client-steps/s", flush=True)
             if args.json is not None:  # written as it grows: a long run keeps what it measured
                 args.json.write_text(json.dumps(records, indent=1))
         if args.profile:
@@ -810,6 +953,10 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
             print(profile_round(w, data, args, args.profile), flush=True)
     print()
     print(format_tables(records, by_key))
+    procs = [r for r in records if "processes" in r]
+    if procs:
+        print()
+        print(format_processes(procs, by_key))
     return records
 
 

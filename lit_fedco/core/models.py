@@ -4,9 +4,13 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
+from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch import nn
+from torch.func import functional_call
 
 from lit_fedco.core.errors import ConfigError
 
@@ -144,6 +148,59 @@ class Conv4(nn.Module):
 
 
 MODELS = ("logreg", "mlp", "resnet20", "linear", "cnn", "conv4")
+
+
+# ---------------------------------------------------------------------- stateless forwards
+Params = dict[str, torch.Tensor]
+
+
+def _linear(m: nn.Linear, p: Params, name: str, x: torch.Tensor) -> torch.Tensor:
+    return F.linear(x, p[f"{name}.weight"], p[f"{name}.bias"] if m.bias is not None else None)
+
+
+def _conv(m: nn.Conv2d, p: Params, name: str, x: torch.Tensor) -> torch.Tensor:
+    bias = p[f"{name}.bias"] if m.bias is not None else None
+    return F.conv2d(x, p[f"{name}.weight"], bias, m.stride, m.padding, m.dilation, m.groups)
+
+
+def _logreg(m: LogisticRegression, p: Params, x: torch.Tensor) -> torch.Tensor:
+    return _linear(m.linear, p, "linear", x.flatten(1))
+
+
+def _linear_score(m: LinearScore, p: Params, x: torch.Tensor) -> torch.Tensor:
+    return _linear(m.linear, p, "linear", x.flatten(1))
+
+
+def _mlp(m: MLP, p: Params, x: torch.Tensor) -> torch.Tensor:
+    return _linear(m.fc2, p, "fc2", torch.tanh(_linear(m.fc1, p, "fc1", x.flatten(1))))
+
+
+def _small_cnn(m: SmallCNN, p: Params, x: torch.Tensor) -> torch.Tensor:
+    x = F.max_pool2d(torch.relu(_conv(m.conv1, p, "conv1", x)), 2)
+    x = F.max_pool2d(torch.relu(_conv(m.conv2, p, "conv2", x)), 2)
+    return _linear(m.fc2, p, "fc2", torch.relu(_linear(m.fc1, p, "fc1", x.flatten(1))))
+
+
+STATELESS: dict[type[nn.Module], Callable[[Any, Params, torch.Tensor], torch.Tensor]] = {
+    LogisticRegression: _logreg,
+    LinearScore: _linear_score,
+    MLP: _mlp,
+    SmallCNN: _small_cnn,
+}
+"""The small models' forwards written over a parameter dict: the same operations, in the same
+order, as their ``forward`` (so the same numbers), without ``functional_call``'s swapping of the
+module's parameters, which costs more than the model itself at these sizes (measured in
+:func:`call`'s docstring). Looked up by exact class: a subclass (which may override
+``forward``) takes ``functional_call``."""
+
+
+def call(model: nn.Module, params: Params, x: torch.Tensor) -> torch.Tensor:
+    """``model``'s output for ``x`` under ``params``: :func:`torch.func.functional_call`, or for
+    lit_fedco's own small models (:data:`STATELESS`) the same forward over the dict directly."""
+    fast = STATELESS.get(type(model))
+    if fast is not None:
+        return fast(model, params, x)
+    return functional_call(model, params, (x,))
 
 
 BATCH_STATISTICS_MODELS = frozenset({"conv4"})

@@ -9,8 +9,8 @@
         state, logs = client_step(state, batches(t), ctx.broadcast, info.step(t))
         state[STEP entries] ← their mean over the running clients                 (a collective)
     state  = client_end(state, start, ctx.broadcast, steps completed)             END OF ROUND
-    sums   = Σ over the clients that finished of w_k · ROUND entries, w_k, the step logs,
-             the participant counts and the kept rows                             (one collective)
+    sums   = Σ over the clients that finished of w_k · ROUND entries, w_k, the step logs
+             and the participant counts                                           (one collective)
     server = server_update(server, means ∪ STEP means, ctx, info with participants)
     server[model] = server optimizer step from the old model, if any               SERVER
     store  ← the kept rows of the clients that finished (each process its own clients' rows)

@@ -15,8 +15,8 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
-from torch.func import functional_call
 
+from lit_fedco.core.models import call
 from lit_fedco.core.protocol import RoundContext
 
 if TYPE_CHECKING:
@@ -45,7 +45,8 @@ class Objective:
     """Base class: plain empirical risk, ``g(x; B) = mean_i ℓ(x; ξ_i)`` (p = 1) and ``f(y) = y``.
 
     Args:
-        model: the network, used only through :func:`torch.func.functional_call`.
+        model: the network, used only through :func:`~lit_fedco.core.models.call`
+            (``torch.func.functional_call``, or a small model's stateless forward).
         sample_loss: per-sample loss ``ℓ(logits, target) -> [b]``; cross-entropy by default.
     """
 
@@ -66,7 +67,7 @@ class Objective:
 
     def predict(self, params: Params, x: Tensor) -> Tensor:
         """The model's output for inputs ``x`` under parameters ``params``."""
-        return functional_call(self.model, params, (x,))
+        return call(self.model, params, x)
 
     def losses(self, params: Params, batch: Batch) -> Tensor:
         """Per-sample losses ``ℓ(x; ξ_i)``, shape ``[b]``."""

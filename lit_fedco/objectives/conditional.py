@@ -30,8 +30,9 @@ from typing import Any, ClassVar
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
-from torch.func import functional_call, grad_and_value
+from torch.func import grad_and_value
 
+from lit_fedco.core.models import call
 from lit_fedco.core.state import tree_leaves, tree_map
 from lit_fedco.objectives.base import Batch, Context, Objective, Params
 
@@ -102,7 +103,7 @@ class InvariantLogReg(ConditionalObjective):
 
     def score(self, params: Params, z: Tensor) -> Tensor:
         """The model's scalar score of every row of ``z`` [n, d] → [n]."""
-        return functional_call(self.model, params, (z,)).squeeze(-1)
+        return call(self.model, params, z).squeeze(-1)
 
     def inner(self, params: Params, batch: Batch, ctx: Context) -> Tensor:
         """``mean_j s(x; η_ij)`` per outer sample, [b] (ηᵀx averaged over the m samples)."""
@@ -159,7 +160,7 @@ class BinaryScorer(Objective):
 
     def score(self, params: Params, x: Tensor) -> Tensor:
         """The raw score of every row, [n]."""
-        return functional_call(self.model, params, (x,)).squeeze(-1)
+        return call(self.model, params, x).squeeze(-1)
 
     def predict(self, params: Params, x: Tensor) -> Tensor:
         s = self.score(params, x)

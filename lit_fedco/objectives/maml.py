@@ -26,8 +26,9 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
-from torch.func import functional_call, grad, grad_and_value, vjp
+from torch.func import grad, grad_and_value, vjp
 
+from lit_fedco.core.models import call
 from lit_fedco.core.state import tree_map
 from lit_fedco.objectives.base import Batch, Context, Objective, Params
 from lit_fedco.objectives.conditional import ConditionalObjective
@@ -121,7 +122,7 @@ class FewShot(Objective):
 
     def task_loss(self, params: Params, x: Tensor, y: Tensor) -> Tensor:
         """Mean cross-entropy of the network on one batch of rows."""
-        return F.cross_entropy(functional_call(self.model, params, (x,)), y)
+        return F.cross_entropy(call(self.model, params, x), y)
 
     def split(self, batch: Batch) -> tuple[Tensor, Tensor, Tensor, Tensor]:
         """Support inputs [T, N·K, ...], support labels [N·K], query inputs [T, N·Q, ...] and

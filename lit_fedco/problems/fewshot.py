@@ -9,8 +9,9 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 from torch import Tensor, nn
-from torch.func import functional_call, vmap
+from torch.func import vmap
 
+from lit_fedco.core.models import call
 from lit_fedco.core.seeding import generator
 from lit_fedco.data import BatchSampler, FederatedData, TaskSampler
 from lit_fedco.data.samplers import rows_by_class, sample_task_rows
@@ -112,7 +113,7 @@ class MAMLProblem(Problem):
 
             def one(s: Tensor, q: Tensor) -> Tensor:
                 fast = adapt(objective.task_loss, params, s, sy, p.inner_lr, p.eval_steps, True)
-                return functional_call(objective.model, fast, (q,))
+                return call(objective.model, fast, q)
 
             logits = vmap(one)(sx, qx)  # [T, N·Q, N]
             target = qy.repeat(len(sx))

@@ -18,8 +18,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from torch import Tensor
-from torch.func import grad_and_value
 
+from lit_fedco.core.autodiff import grad_and_value
 from lit_fedco.core.protocol import StepInfo
 from lit_fedco.core.state import State, tree_axpy
 from lit_fedco.objectives.base import Batch, Context

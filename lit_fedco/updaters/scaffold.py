@@ -25,8 +25,8 @@ from typing import ClassVar
 
 import torch
 from torch import Tensor
-from torch.func import grad_and_value
 
+from lit_fedco.core.autodiff import grad_and_value
 from lit_fedco.core.protocol import RoundContext, RoundInfo, StepInfo, Sync
 from lit_fedco.core.state import State, tree_map
 from lit_fedco.objectives.base import Batch, Context

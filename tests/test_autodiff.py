@@ -1,0 +1,84 @@
+"""lit_fedco's first-order ``grad_and_value``: ``torch.autograd.grad`` outside transforms, the
+same numbers as ``torch.func.grad_and_value`` bit for bit, and ``torch.func`` under ``vmap``,
+nested in another gradient, or under an outer ``torch.autograd``."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch.func import grad_and_value as func_gv
+from torch.func import vmap
+
+from lit_fedco.core import autodiff
+from lit_fedco.core.autodiff import grad_and_value, transformed
+from lit_fedco.core.models import build_model, call
+
+
+def _problem(dtype: torch.dtype):
+    g = torch.Generator().manual_seed(0)
+    net = build_model("mlp", (8,), 3, 0, hidden=5)
+    params = {k: v.detach().to(dtype) for k, v in net.named_parameters()}
+    x = torch.randn(6, 8, generator=g, dtype=dtype)
+    y = torch.randint(3, (6,), generator=g)
+
+    def loss(p, x, y):
+        return F.cross_entropy(call(net, p, x), y)
+
+    return params, x, y, loss
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_outside_transforms_equals_torch_func_bit_for_bit(dtype, monkeypatch):
+    params, x, y, loss = _problem(dtype)
+    want_g, want_v = func_gv(loss)(params, x, y)
+    # the fast path runs: torch.func's is not called outside a transform
+    monkeypatch.setattr(autodiff, "func_grad_and_value", None)
+    assert not transformed()
+    got_g, got_v = grad_and_value(loss)(params, x, y)
+    assert torch.equal(got_v, want_v) and not got_v.requires_grad
+    for k in params:
+        assert torch.equal(got_g[k], want_g[k]) and not got_g[k].requires_grad
+
+
+def test_under_vmap_it_is_torch_func():
+    params, x, y, loss = _problem(torch.float64)
+    stacked = {k: torch.stack([v, 2 * v]) for k, v in params.items()}
+    xs, ys = torch.stack([x, x.flip(0)]), torch.stack([y, y.flip(0)])
+    got = vmap(grad_and_value(loss))(stacked, xs, ys)
+    want = vmap(func_gv(loss))(stacked, xs, ys)
+    assert torch.equal(got[1], want[1])
+    assert all(torch.equal(got[0][k], want[0][k]) for k in params)
+
+
+def test_second_order_through_it_matches_torch_func():
+    """A gradient of a function of the gradient (MAML's shape), with lit_fedco's helper as the
+    outer, the inner or both: the same as torch.func nested, to rounding."""
+    params, x, y, loss = _problem(torch.float64)
+
+    def outer(gv):
+        def h(p, x, y):
+            g, _ = gv(loss)(p, x, y)
+            adapted = {k: p[k] - 0.1 * g[k] for k in p}
+            return loss(adapted, x, y)
+
+        return h
+
+    want_g, want_v = func_gv(outer(func_gv))(params, x, y)
+    for gv_out, gv_in in ((grad_and_value, func_gv), (func_gv, grad_and_value),
+                          (grad_and_value, grad_and_value)):  # fmt: skip
+        got_g, got_v = gv_out(outer(gv_in))(params, x, y)
+        torch.testing.assert_close(got_v, want_v, rtol=1e-14, atol=0)
+        for k in params:
+            torch.testing.assert_close(got_g[k], want_g[k], rtol=1e-12, atol=1e-15)
+
+
+def test_an_unused_input_gets_zeros_and_an_outer_autograd_sees_through():
+    w = torch.tensor([1.0, 2.0], dtype=torch.float64)
+    g, v = grad_and_value(lambda p: (p["w"] ** 3).sum())({"w": w, "unused": torch.ones(3)})
+    assert g["w"].tolist() == [3.0, 12.0] and g["unused"].tolist() == [0.0] * 3
+    assert float(v) == 9.0
+    q = w.clone().requires_grad_()
+    g, _ = grad_and_value(lambda p: (p["w"] ** 3).sum())({"w": q})
+    (second,) = torch.autograd.grad(g["w"].sum(), q)
+    assert second.tolist() == [6.0, 12.0]
