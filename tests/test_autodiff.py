@@ -82,3 +82,32 @@ def test_an_unused_input_gets_zeros_and_an_outer_autograd_sees_through():
     g, _ = grad_and_value(lambda p: (p["w"] ** 3).sum())({"w": q})
     (second,) = torch.autograd.grad(g["w"].sum(), q)
     assert second.tolist() == [6.0, 12.0]
+
+
+@pytest.mark.parametrize(
+    ("name", "shape"),
+    [("logreg", (1, 8, 8)), ("linear", (12,)), ("mlp", (1, 8, 8)), ("cnn", (1, 8, 8))],
+)
+def test_stateless_forwards_equal_the_modules_bit_for_bit(name, shape):
+    """The small models' forwards over a parameter dict give their modules' outputs exactly,
+    and their gradients too; a subclass (which may change ``forward``) uses functional_call."""
+    from torch.func import functional_call
+
+    from lit_fedco.core.models import STATELESS
+
+    net = build_model(name, shape, 3, 0, hidden=6)
+    assert type(net) in STATELESS
+    params = {k: v.detach().double() for k, v in net.named_parameters()}
+    x = torch.randn(5, *shape, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+    assert torch.equal(call(net, params, x), functional_call(net.double(), params, (x,)))
+    g_fast = func_gv(lambda p: call(net, p, x).square().sum())(params)[0]
+    g_module = func_gv(lambda p: functional_call(net, p, (x,)).square().sum())(params)[0]
+    assert all(torch.equal(g_fast[k], g_module[k]) for k in params)
+
+    class Doubled(type(net)):  # type: ignore[misc, valid-type]
+        def forward(self, x):
+            return 2 * super().forward(x)
+
+    sub = Doubled.__new__(Doubled)
+    sub.__dict__.update(net.__dict__)
+    assert torch.equal(call(sub, params, x), 2 * call(net, params, x))
