@@ -35,7 +35,7 @@ def run(spec: dict[str, Any]) -> dict[str, Any] | None:
     (None on the others)."""
     from lightning.fabric import Fabric
 
-    from lit_fedco.benchmarks.throughput import PeakMemory, Workload, build_data, make_lit_fedco
+    from lit_fedco.benchmarks.throughput import LitFedco, PeakMemory, Workload, build_data
 
     devices = int(spec["devices"])
     fabric = Fabric(accelerator="cpu", devices=devices, strategy="ddp" if devices > 1 else "auto")
@@ -43,8 +43,8 @@ def run(spec: dict[str, Any]) -> dict[str, Any] | None:
     torch.set_num_threads(int(spec["threads"]))
     w = Workload(**spec["workload"])
     data = build_data(w, spec["seed"], spec["data_dir"])
-    runner = make_lit_fedco(w, data, "cpu", torch.float32, spec["seed"], spec["impl"],
-                            spec["updater"], fabric)  # fmt: skip
+    runner = LitFedco(w, data, "cpu", torch.float32, spec["seed"], spec["impl"], spec["updater"],
+                      fabric)  # fmt: skip
     start = time.perf_counter()
     runner.run_round()  # warm-up, untimed
     warm = torch.tensor([time.perf_counter() - start], dtype=torch.float64)

@@ -377,12 +377,6 @@ class LitFedco:
         return self.loop.server["x"]
 
 
-def make_lit_fedco(w: Workload, data, device: str, dtype: torch.dtype, seed: int, executor: str,
-                   updater: str = "fedavg", fabric=None) -> LitFedco:  # fmt: skip
-    """lit_fedco's implementation of ``w`` with ``executor`` and ``updater`` on ``fabric``."""
-    return LitFedco(w, data, device, dtype, seed, executor, updater, fabric)
-
-
 def free_port() -> int:
     """A TCP port free on this machine now (for ``MASTER_PORT``)."""
     import socket

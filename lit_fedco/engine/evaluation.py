@@ -20,7 +20,7 @@ from lit_fedco.core.seeding import support_generator
 from lit_fedco.core.state import State, broadcast, tree_map
 from lit_fedco.data import FederatedData
 from lit_fedco.engine.executors import Executor
-from lit_fedco.engine.store import ClientStore
+from lit_fedco.engine.store import ClientStore, owned_by
 from lit_fedco.objectives.base import class_labels
 from lit_fedco.problems import Problem
 from lit_fedco.updaters.base import CompositionalUpdater
@@ -57,7 +57,7 @@ class Evaluator:
         self.updater, self.problem, self.data, self.executor = updater, problem, data, executor
         self.seed, self.eval_batch, self.device = seed, eval_batch, device
         k = data.num_clients
-        self.clients = torch.arange(rank, k, world)  # the clients this process evaluates
+        self.clients = owned_by(rank, world, k)  # the clients this process evaluates and keeps
         self.rows = {split: self._rows_of(split) for split in ("train", "val")}
         # each client scored with its own parameters: its kept personal model (Ditto), or the
         # shared model adapted on a fixed support batch of its own rows (personalised FL)

@@ -25,6 +25,12 @@ if TYPE_CHECKING:
     from lit_fedco.updaters.base import CompositionalUpdater
 
 
+def owned_by(rank: int, world: int, num_clients: int) -> Tensor:
+    """The clients process ``rank`` of ``world`` owns, of K = ``num_clients``: ``rank, rank +
+    world, ...`` (k mod world = rank). It holds their kept state and evaluates them."""
+    return torch.arange(rank, num_clients, world)
+
+
 def owned_clients(clients: Tensor, rank: int, world: int) -> Tensor:
     """The entries of ``clients`` that process ``rank`` of ``world`` owns (k mod world = rank),
     in their order."""
@@ -43,7 +49,7 @@ class ClientStore:
 
     def __init__(self, initial: State, num_clients: int, rank: int = 0, world: int = 1) -> None:
         self.num_clients, self.rank, self.world = num_clients, rank, world
-        self.owned = torch.arange(rank, num_clients, world)
+        self.owned = owned_by(rank, world, num_clients)
         self.rows: State = {key: broadcast(v, len(self.owned)) for key, v in initial.items()}
 
     def _local(self, clients: Tensor) -> Tensor:
