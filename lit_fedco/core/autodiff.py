@@ -48,3 +48,26 @@ def grad_and_value(f: Callable[..., Tensor]) -> Callable[..., tuple[Any, Tensor]
         return pytree.tree_unflatten(list(grads), spec), value.detach()
 
     return wrapped
+
+
+def stacked_grad_and_value(f: Callable[..., Tensor]) -> Callable[..., tuple[Any, Tensor]]:
+    """``(∇ f, f)`` for n clients at once: ``f(P, *args)`` returns the ``[n]`` values of the
+    clients whose parameters are the rows of ``P`` (every leaf ``[n, ...]``), value i depending
+    on row i only (independent clients); the gradient of their sum is then every client's own
+    gradient, row by row — one ``torch.autograd.grad`` instead of ``vmap`` of ``grad``. Rows
+    ``f`` does not use get zeros. When the parameters already require grad (an outer autograd
+    differentiates through the step) the graph is kept (``create_graph``)."""
+
+    def wrapped(params: Any, *args: Any) -> tuple[Any, Tensor]:
+        leaves, spec = pytree.tree_flatten(params)
+        outer = any(t.requires_grad for t in leaves)
+        with torch.enable_grad():
+            own = leaves if outer else [t.detach().requires_grad_() for t in leaves]
+            values = f(pytree.tree_unflatten(own, spec), *args)
+            grads = torch.autograd.grad(values.sum(), own, allow_unused=True, create_graph=outer)
+        grads = tuple(
+            torch.zeros_like(t) if g is None else g for t, g in zip(leaves, grads, strict=True)
+        )
+        return pytree.tree_unflatten(list(grads), spec), values if outer else values.detach()
+
+    return wrapped

@@ -194,6 +194,54 @@ module's parameters, which costs more than the model itself at these sizes (meas
 ``forward``) takes ``functional_call``."""
 
 
+# ---------------------------------------------------------------------- stacked forwards
+def _linear_stacked(m: nn.Linear, p: Params, name: str, x: torch.Tensor) -> torch.Tensor:
+    weight = p[f"{name}.weight"].transpose(1, 2)
+    if m.bias is None:
+        return torch.bmm(x, weight)
+    return torch.baddbmm(p[f"{name}.bias"].unsqueeze(1), x, weight)
+
+
+def _logreg_stacked(m: LogisticRegression, p: Params, x: torch.Tensor) -> torch.Tensor:
+    return _linear_stacked(m.linear, p, "linear", x.flatten(2))
+
+
+def _linear_score_stacked(m: LinearScore, p: Params, x: torch.Tensor) -> torch.Tensor:
+    return _linear_stacked(m.linear, p, "linear", x.flatten(2))
+
+
+def _mlp_stacked(m: MLP, p: Params, x: torch.Tensor) -> torch.Tensor:
+    hidden = torch.tanh(_linear_stacked(m.fc1, p, "fc1", x.flatten(2)))
+    return _linear_stacked(m.fc2, p, "fc2", hidden)
+
+
+STACKED: dict[type[nn.Module], Callable[[Any, Params, torch.Tensor], torch.Tensor]] = {
+    LogisticRegression: _logreg_stacked,
+    LinearScore: _linear_score_stacked,
+    MLP: _mlp_stacked,
+}
+"""Forwards of n clients at once, each with its own parameters: every parameter has a leading
+client dimension (``[n, out, in]``) and so have the inputs (``[n, b, ...]``); a linear layer is
+one batched matrix product (``baddbmm``), the product ``vmap`` makes of :data:`STATELESS`'s
+``F.linear``, without ``vmap``'s wrapping of every tensor. Looked up by exact class, like
+:data:`STATELESS`; the executors use it through :func:`call_stacked`."""
+
+
+def stacks(model: nn.Module) -> bool:
+    """Whether ``model`` has a stacked forward (:data:`STACKED`)."""
+    return type(model) in STACKED
+
+
+def call_stacked(model: nn.Module, params: Params, x: torch.Tensor) -> torch.Tensor:
+    """The outputs ``[n, b, ...]`` of n copies of ``model``, copy i with parameters
+    ``params[·][i]`` on inputs ``x[i]``: :data:`STACKED`'s forward, else ``vmap`` of
+    :func:`call`."""
+    fast = STACKED.get(type(model))
+    if fast is not None:
+        return fast(model, params, x)
+    return torch.func.vmap(lambda p, v: call(model, p, v))(params, x)
+
+
 def call(model: nn.Module, params: Params, x: torch.Tensor) -> torch.Tensor:
     """``model``'s output for ``x`` under ``params``: :func:`torch.func.functional_call`, or for
     lit_fedco's own small models (:data:`STATELESS`) the same forward over the dict directly."""

@@ -71,16 +71,21 @@ class BatchSampler:
                 "steps >= 0"
             )
         n, r = len(clients), len(roles)
-        out = torch.empty(steps, r, n, batch_size, dtype=torch.int64)
-        for i, (k, g) in enumerate(self.streams(clients, round_idx)):
-            size, base = self.sizes[k], int(self.offsets[k])
+        draws = steps * r
+        local = []  # client i's draws, [steps · r, b] each
+        for k, g in self.streams(clients, round_idx):
+            size = self.sizes[k]
             if size >= batch_size:
-                local = torch.stack(
-                    [torch.randperm(size, generator=g)[:batch_size] for _ in range(steps * r)]
-                )
+                perms = [torch.randperm(size, generator=g)[:batch_size] for _ in range(draws)]
+                local.append(torch.stack(perms) if perms else torch.empty(0, batch_size).long())
             else:
-                local = torch.randint(size, (steps * r, batch_size), generator=g)
-            out[:, :, i] = (local + base).view(steps, r, batch_size)
+                local.append(torch.randint(size, (draws, batch_size), generator=g))
+        if not local:
+            return torch.empty(steps, r, 0, batch_size, dtype=torch.int64).to(
+                self.data.y_train.device
+            )
+        base = self.offsets[clients].view(1, n, 1)
+        out = torch.stack(local, dim=1).add_(base).view(steps, r, n, batch_size)
         return out.to(self.data.y_train.device)
 
     def streams(self, clients: Tensor, round_idx: int) -> list[tuple[int, torch.Generator]]:

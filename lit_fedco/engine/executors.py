@@ -35,6 +35,10 @@ class Executor:
     """Runs a per-client function over the leading (client) dimension of stacked inputs."""
 
     name = "base"
+    stacks = False
+    """Whether :meth:`map` can run a function written over the stacked clients (``stacked``)."""
+    in_place = False
+    """Whether the executor runs an updater's in-place step (:meth:`map_inplace`)."""
 
     def __init__(self, chunk_size: int = 0) -> None:
         if chunk_size < 0:
@@ -43,33 +47,57 @@ class Executor:
             )
         self.chunk_size = chunk_size
 
-    def map(self, fn: ClientFn, states: Any, batches: Any, ctx: Any, n: int) -> Any:
-        """Apply ``fn`` to each of the ``n`` clients; outputs stacked along dim 0.
+    def map(
+        self, fn: ClientFn, states: Any, batches: Any, ctx: Any, n: int, stacked: bool = False
+    ) -> Any:
+        """Apply ``fn`` to each of the ``n`` clients; outputs stacked along dim 0. With
+        ``stacked`` (executors that :attr:`stacks`), ``fn`` itself takes the stacked clients
+        (an updater's ``client_step_stacked``) and the executor only splits them in chunks.
 
         With ``n = 0`` (a process that runs no client this round but takes part in the
         round's collectives, which need the outputs' shapes) ``fn`` runs once on a phantom
         client of ones (zeros for integer entries) and the outputs come back with 0 rows."""
+        if stacked and not self.stacks:
+            raise ValueError(f"the {self.name} executor runs clients one by one, not stacked")
         if n > 0:
-            return self._map(fn, states, batches, ctx, n)
+            return self._map(fn, states, batches, ctx, n, stacked)
 
         def phantom(v: Tensor) -> Tensor:
             make = torch.ones if v.is_floating_point() else torch.zeros
             return make((1, *v.shape[1:]), dtype=v.dtype, device=v.device)
 
         rows = None if batches is None else tree_map(phantom, batches)
-        return tree_map(lambda v: v[:0], self._map(fn, tree_map(phantom, states), rows, ctx, 1))
+        out = self._map(fn, tree_map(phantom, states), rows, ctx, 1, stacked)
+        return tree_map(lambda v: v[:0], out)
 
-    def _map(self, fn: ClientFn, states: Any, batches: Any, ctx: Any, n: int) -> Any:
+    def _map(self, fn: ClientFn, states: Any, batches: Any, ctx: Any, n: int, stacked: bool) -> Any:
         raise NotImplementedError
+
+    def map_inplace(self, fn: ClientFn, states: Any, batches: Any, ctx: Any, n: int) -> Any:
+        """Run ``fn(state_i, batches_i, ctx)`` for each of the ``n`` (≥ 1) clients, ``state_i``
+        being views of client i's rows of ``states``, which ``fn`` updates in place; the
+        outputs (the step logs) stacked along dim 0."""
+        if n < 1:
+            raise ValueError(f"map_inplace needs clients, got n = {n}")
+        outs = [
+            fn(index(states, i), None if batches is None else index(batches, i), ctx)
+            for i in range(n)
+        ]
+        return stack(outs)
 
 
 class VectorizedExecutor(Executor):
     """All of a rank's cohort clients as one batched computation (``torch.func.vmap``)."""
 
     name = "vectorized"
+    stacks = True
 
-    def _map(self, fn: ClientFn, states: Any, batches: Any, ctx: Any, n: int) -> Any:
-        vfn = vmap(fn, in_dims=(0, None if batches is None else 0, None), randomness="error")
+    def _map(self, fn: ClientFn, states: Any, batches: Any, ctx: Any, n: int, stacked: bool) -> Any:
+        vfn = (
+            fn
+            if stacked
+            else vmap(fn, in_dims=(0, None if batches is None else 0, None), randomness="error")
+        )
         size = self.chunk_size or n
         if size >= n:
             return vfn(states, batches, ctx)
@@ -88,8 +116,9 @@ class SequentialExecutor(Executor):
     """A loop over clients, calling the same per-client function."""
 
     name = "sequential"
+    in_place = True
 
-    def _map(self, fn: ClientFn, states: Any, batches: Any, ctx: Any, n: int) -> Any:
+    def _map(self, fn: ClientFn, states: Any, batches: Any, ctx: Any, n: int, stacked: bool) -> Any:
         outs = [
             fn(index(states, i), None if batches is None else index(batches, i), ctx)
             for i in range(n)

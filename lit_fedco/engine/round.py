@@ -152,6 +152,14 @@ def _step(upd: CompositionalUpdater, step: StepInfo, s: State, b: Any, c: Any) -
     return upd.client_step(s, b, c, step)
 
 
+def _stacked_step(upd: CompositionalUpdater, step: StepInfo, s: State, b: Any, c: Any) -> Any:
+    return upd.client_step_stacked(s, b, c, step)
+
+
+def _inplace_step(upd: CompositionalUpdater, step: StepInfo, s: State, b: Any, c: Any) -> Any:
+    return upd.client_step_inplace(s, b, c, step)
+
+
 # ---------------------------------------------------------------------- phases
 def broadcast_state(r: _Round, server: State, store: ClientStore | None) -> tuple[State, State]:
     """BROADCAST: what every cohort client receives (``start``, unbatched), and the clients'
@@ -199,11 +207,20 @@ def local_steps(
     device = tree_leaves(states)[0].device
     log_sum: dict[str, Any] = {}
     step_mean: State = {}
+    stacked = r.ex.stacks and r.upd.stacked()  # the updater's own step over stacked clients
+    inplace = r.ex.in_place and r.upd.inplace()  # the updater's own step into the rows
     for t in range(r.info.local_steps):
         running = r.running(t, device)
-        step = partial(_step, r.upd, r.info.step(t))
-        new, logs = r.ex.map(step, states, first if t == 0 else batches(t), ctx.broadcast, r.n)
-        states = _where(running, new, states)
+        b = first if t == 0 else batches(t)
+        info = r.info.step(t)
+        if inplace and running is None and r.n:  # every client of the process steps
+            logs = r.ex.map_inplace(
+                partial(_inplace_step, r.upd, info), states, b, ctx.broadcast, r.n
+            )
+        else:
+            step = partial(_stacked_step if stacked else _step, r.upd, info)
+            new, logs = r.ex.map(step, states, b, ctx.broadcast, r.n, stacked)
+            states = _where(running, new, states)
         for key, v in logs.items():
             log_sum[key] = log_sum.get(key, 0.0) + _sum_rows(v.detach(), running)
         if step_keys:

@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from lit_fedco.core.models import call
+from lit_fedco.core.models import call, call_stacked, stacks
 from lit_fedco.core.protocol import RoundContext
 
 if TYPE_CHECKING:
@@ -85,6 +85,28 @@ class Objective:
         """``f(g(x; B); B̃)`` on the step's batches (roles ``"inner"`` and, if used, ``"outer"``)."""
         y = self.inner(params, batches["inner"], ctx)
         return self.outer(y, batches.get("outer"), ctx)
+
+    def stacks(self) -> bool:
+        """Whether :meth:`values` runs without ``vmap``: the plain empirical risk (this class
+        itself, not a subclass) with the default cross-entropy, on a model with a stacked
+        forward (:data:`~lit_fedco.core.models.STACKED`)."""
+        return type(self) is Objective and self.sample_loss is cross_entropy and stacks(self.model)
+
+    def values(self, params: Params, batches: dict[str, Batch], ctx: Context) -> Tensor:
+        """:meth:`value` of n clients at once, ``[n]``: every leaf of ``params`` and of
+        ``batches`` has a leading client dimension (client i: ``params[·][i]`` on
+        ``batches[·][·][i]``). Where :meth:`stacks`, the mean cross-entropy of one stacked
+        forward (:func:`~lit_fedco.core.models.call_stacked`); else ``vmap`` of :meth:`value`.
+        Client i's value depends on client i's rows only, so the gradient of the sum is every
+        client's own gradient (:func:`~lit_fedco.core.autodiff.stacked_grad_and_value`)."""
+        if not self.stacks():
+            return torch.func.vmap(self.value, in_dims=(0, 0, None))(params, batches, ctx)
+        batch = batches["inner"]
+        logits = call_stacked(self.model, params, batch["x"])
+        n, b = logits.shape[:2]
+        labels = class_labels(batch["y"], logits).reshape(n * b)
+        losses = F.cross_entropy(logits.reshape(n * b, -1), labels, reduction="none")
+        return losses.view(n, b).mean(1)
 
     # Round-level hooks (see ComFedL's stable form). The default objective needs none.
     def probe(self, params: Params, batches: dict[str, Batch], ctx: Context) -> Tensor | None:

@@ -207,6 +207,58 @@ class CompositionalUpdater(Generic[H]):
         """
         raise NotImplementedError(f"{type(self).__name__} must implement client_step")
 
+    def client_step_stacked(
+        self, states: State, batches: dict[str, Batch], ctx: Context, step: StepInfo
+    ) -> tuple[State, dict[str, Tensor]]:
+        """Optional: :meth:`client_step` of n clients at once, written over their stacked states
+        and batches (every leaf with a leading client dimension), for the vectorized executor to
+        run instead of ``vmap`` of :meth:`client_step` where :meth:`stacked` says it may (the
+        gradients from :func:`~lit_fedco.core.autodiff.stacked_grad_and_value` of the
+        objective's :meth:`~lit_fedco.objectives.base.Objective.values`). It must compute what
+        :meth:`client_step` does for each client. Not implemented by default.
+
+        Returns:
+            The new states and the step logs, each ``[n, ...]``.
+        """
+        raise NotImplementedError(f"{type(self).__name__} has no client_step_stacked")
+
+    def client_step_inplace(
+        self, state: State, batches: dict[str, Batch], ctx: Context, step: StepInfo
+    ) -> dict[str, Tensor]:
+        """Optional: :meth:`client_step` of one client written into ``state``'s tensors in place
+        (they are the client's rows of the executor's stacked states), for the sequential
+        executor to run where :meth:`inplace` says it may: no new state per step and no
+        restacking of the cohort after it, which on a large model cost as much as the step's
+        backward. It must leave in ``state`` what :meth:`client_step` returns. Not
+        implemented by default.
+
+        Returns:
+            The step logs (scalars).
+        """
+        raise NotImplementedError(f"{type(self).__name__} has no client_step_inplace")
+
+    def _own(self, hook: str) -> bool:
+        """Whether optional ``hook`` is implemented by the class that defines
+        :meth:`client_step` (a subclass that overrides only :meth:`client_step` must not run
+        its parent's fast form of the old step)."""
+
+        def definer(name: str) -> type:
+            return next(c for c in type(self).__mro__ if name in c.__dict__)
+
+        where = definer(hook)
+        return where is not CompositionalUpdater and where is definer("client_step")
+
+    def stacked(self) -> bool:
+        """Whether the vectorized executor runs :meth:`client_step_stacked`: the updater's own
+        (:meth:`_own`) and the objective has a stacked form
+        (:meth:`~lit_fedco.objectives.base.Objective.stacks`)."""
+        return self._own("client_step_stacked") and self.objective.stacks()
+
+    def inplace(self) -> bool:
+        """Whether the sequential executor runs :meth:`client_step_inplace` (the updater's own,
+        :meth:`_own`)."""
+        return self._own("client_step_inplace")
+
     def client_end(self, state: State, start: State, ctx: Context, steps: Tensor) -> State:
         """One client after its last local step, before it uploads its ``ROUND`` entries and
         keeps its ``KEEP`` ones: e.g. SCAFFOLD's new control variate from the round's change.

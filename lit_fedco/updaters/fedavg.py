@@ -17,9 +17,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import torch
 from torch import Tensor
 
-from lit_fedco.core.autodiff import grad_and_value
+from lit_fedco.core.autodiff import grad_and_value, stacked_grad_and_value
 from lit_fedco.core.protocol import StepInfo
 from lit_fedco.core.state import State, tree_axpy
 from lit_fedco.objectives.base import Batch, Context
@@ -39,6 +40,28 @@ class FedAvg(CompositionalUpdater[H]):
     ) -> tuple[State, dict[str, Tensor]]:
         g, loss = grad_and_value(lambda p: self.objective.value(p, batches, ctx))(state["x"])
         return {**state, "x": tree_axpy(-self.hparams.lr, g, state["x"])}, {"loss": loss}
+
+    def client_step_inplace(
+        self, state: State, batches: dict[str, Batch], ctx: Context, step: StepInfo
+    ) -> dict[str, Tensor]:
+        """:meth:`client_step` written into the client's rows: ``x ← x + (−η ∇ℓ)``, the same
+        two roundings as the out-of-place step (the product, then the sum), so the same
+        numbers."""
+        g, loss = grad_and_value(lambda p: self.objective.value(p, batches, ctx))(state["x"])
+        params = list(state["x"].values())
+        torch._foreach_add_(
+            params, torch._foreach_mul([g[k] for k in state["x"]], -self.hparams.lr)
+        )
+        return {"loss": loss}
+
+    def client_step_stacked(
+        self, states: State, batches: dict[str, Batch], ctx: Context, step: StepInfo
+    ) -> tuple[State, dict[str, Tensor]]:
+        """:meth:`client_step` of the vectorized executor's clients at once: one stacked forward
+        and one backward for all of them (the same products as ``vmap``, the same numbers)."""
+        values = lambda p: self.objective.values(p, batches, ctx)  # noqa: E731
+        g, loss = stacked_grad_and_value(values)(states["x"])
+        return {**states, "x": tree_axpy(-self.hparams.lr, g, states["x"])}, {"loss": loss}
 
 
 @dataclass(frozen=True)

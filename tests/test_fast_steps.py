@@ -1,0 +1,183 @@
+"""The fast forms of a client step give the same numbers as ``client_step``, bit for bit.
+
+- Stacked (the vectorized executor without ``vmap``): the small models' stacked forwards, the
+  plain objective's per-client values and the gradient of their sum equal ``vmap`` of the
+  per-client functions; FedAvg's rounds are the same with and without it.
+- In place (the sequential executor writing each client's step into its rows): FedAvg's rounds
+  are the same with and without it, also when clients stop early (the stopped ones step
+  out of place).
+- Each is taken only where it is the updater's own (a subclass overriding ``client_step`` only
+  is run through ``client_step``)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from torch.func import grad_and_value as func_gv
+from torch.func import vmap
+
+from lit_fedco.core.autodiff import stacked_grad_and_value
+from lit_fedco.core.models import build_model, call, call_stacked, stacks
+from lit_fedco.engine.executors import SequentialExecutor, VectorizedExecutor
+from lit_fedco.engine.failures import Failures
+from lit_fedco.objectives.base import Objective, cross_entropy
+from lit_fedco.updaters.fedavg import FedAvg
+from tests.helpers import assert_executors_agree, flat_server, make_loop
+
+MODELS = [("logreg", (8,)), ("linear", (8,)), ("mlp", (8,)), ("mlp", (2, 2, 2))]
+
+
+def _clients(name: str, shape: tuple[int, ...], dtype: torch.dtype, n: int = 5, b: int = 7):
+    g = torch.Generator().manual_seed(3)
+    net = build_model(name, shape, 4, 0, hidden=6)
+    params = {
+        k: v.detach().to(dtype) + 0.3 * torch.randn(n, *v.shape, generator=g, dtype=dtype)
+        for k, v in net.named_parameters()
+    }
+    x = torch.randn(n, b, *shape, generator=g, dtype=dtype)
+    y = torch.randint(4, (n, b), generator=g)
+    return net, params, x, y
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("name,shape", MODELS)
+def test_stacked_forward_values_and_gradients_equal_vmap_bit_for_bit(name, shape, dtype):
+    net, params, x, y = _clients(name, shape, dtype)
+    assert stacks(net)
+    assert torch.equal(call_stacked(net, params, x), vmap(lambda p, v: call(net, p, v))(params, x))
+    obj = Objective(net)
+    batches = {"inner": {"x": x, "y": y}}
+    assert obj.stacks()
+    values = obj.values(params, batches, {})
+    assert torch.equal(values, vmap(obj.value, in_dims=(0, 0, None))(params, batches, {}))
+    got_g, got_v = stacked_grad_and_value(lambda p: obj.values(p, batches, {}))(params)
+    want_g, want_v = vmap(func_gv(obj.value), in_dims=(0, 0, None))(params, batches, {})
+    assert torch.equal(got_v, want_v) and not got_v.requires_grad
+    for k in params:
+        assert torch.equal(got_g[k], want_g[k]), k
+        assert not got_g[k].requires_grad
+
+
+def test_values_with_side_columns_and_without_a_stacked_form():
+    net, params, x, y = _clients("logreg", (8,), torch.float64)
+    side = torch.stack([y, torch.zeros_like(y)], dim=-1)  # [n, b, 1 + s]: the label in column 0
+    obj = Objective(net)
+    assert torch.equal(
+        obj.values(params, {"inner": {"x": x, "y": side}}, {}),
+        obj.values(params, {"inner": {"x": x, "y": y}}, {}),
+    )
+    # no stacked form: another loss, a subclass, a model without a stacked forward — vmap
+    squared = Objective(net, sample_loss=lambda z, t: (z[..., 0] - t.to(z.dtype)) ** 2)
+
+    class Shifted(Objective):
+        def inner(self, params, batch, ctx):
+            return super().inner(params, batch, ctx) + 1.0
+
+    cnn = build_model("cnn", (1, 4, 4), 4, 0, hidden=3)
+    assert not squared.stacks() and not Shifted(net).stacks() and not Objective(cnn).stacks()
+    batches = {"inner": {"x": x, "y": y}}
+    for obj in (squared, Shifted(net)):
+        want = vmap(obj.value, in_dims=(0, 0, None))(params, batches, {})
+        assert torch.equal(obj.values(params, batches, {}), want)
+    assert torch.equal(
+        Shifted(net).values(params, batches, {}), Objective(net).values(params, batches, {}) + 1
+    )
+    # a model without a stacked forward still runs stacked, through vmap
+    cp = {k: torch.stack([v.detach()] * 2) for k, v in cnn.named_parameters()}
+    xs = torch.randn(2, 3, 1, 4, 4, generator=torch.Generator().manual_seed(0))
+    assert torch.equal(call_stacked(cnn, cp, xs), vmap(lambda p, v: call(cnn, p, v))(cp, xs))
+
+
+def test_stacked_gradient_keeps_clients_apart_and_zeros_for_unused_rows():
+    w = torch.tensor([[1.0, 2.0], [3.0, -1.0]], dtype=torch.float64)
+    params = {"w": w, "unused": torch.ones(2, 3)}
+    g, v = stacked_grad_and_value(lambda p: (p["w"] ** 3).sum(1))(params)
+    assert g["w"].tolist() == [[3.0, 12.0], [27.0, 3.0]] and g["unused"].tolist() == [[0.0] * 3] * 2
+    assert v.tolist() == [9.0, 26.0]
+    # an outer autograd sees through it (the graph is kept)
+    leaf = w.clone().requires_grad_()
+    g, _ = stacked_grad_and_value(lambda p: (p["w"] ** 3).sum(1))({"w": leaf})
+    (outer,) = torch.autograd.grad(g["w"].sum(), leaf)
+    assert torch.equal(outer, 6 * w)
+
+
+def test_only_the_updaters_own_stacked_step_runs():
+    net = build_model("logreg", (8,), 4, 0)
+    hp = FedAvg.hparams_cls(lr=0.1)
+    assert FedAvg(hp, net).stacked()
+
+    class MyStep(FedAvg):  # overrides client_step only: its step must be vmapped
+        def client_step(self, state, batches, ctx, step):
+            new, logs = super().client_step(state, batches, ctx, step)
+            return {**new, "x": {k: 0.5 * v for k, v in new["x"].items()}}, logs
+
+    assert not MyStep(hp, net).stacked() and not MyStep(hp, net).inplace()
+    assert FedAvg(hp, net).inplace()
+    assert not FedAvg(hp, build_model("cnn", (1, 4, 4), 4, 0, hidden=3)).stacked()
+    assert not FedAvg(hp, net, Objective(net, sample_loss=lambda z, t: z.sum(-1))).stacked()
+    assert Objective(net).sample_loss is cross_entropy
+    with pytest.raises(ValueError, match="sequential executor runs clients one by one"):
+        SequentialExecutor().map(lambda s, b, c: s, {"a": torch.ones(2)}, None, {}, 2, True)
+
+
+@pytest.mark.parametrize("name", ["fedavg", "fedadam"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_fedavg_rounds_equal_vmapped_steps_bit_for_bit(name, dtype, monkeypatch):
+    """Whole runs (cohort 4 of 6, 3 local steps, 3 rounds): the stacked step against the same
+    run with ``vmap`` of ``client_step``; and a process running no client (``n = 0``)."""
+    servers, logs = [], []
+    for stacked in (True, False):
+        if not stacked:
+            monkeypatch.setattr(FedAvg, "stacked", lambda self: False)
+        loop = make_loop(name, {"lr": 0.1}, dtype=dtype, model="mlp")
+        loop.run()
+        servers.append(flat_server(loop))
+        logs.append(loop.history[-1])
+    assert np.array_equal(servers[0], servers[1])
+    assert {k: v for k, v in logs[0].items() if not k.startswith("time")} == {
+        k: v for k, v in logs[1].items() if not k.startswith("time")
+    }
+    # a process that runs none of the cohort: a phantom row, 0 rows out, the logs' shapes kept
+    net = build_model("logreg", (8,), 4, 0)
+    upd = FedAvg(FedAvg.hparams_cls(lr=0.1), net)
+    none = {"x": {k: torch.ones(0, *v.shape) for k, v in net.named_parameters()}}
+    batches = {"inner": {"x": torch.ones(0, 2, 8), "y": torch.zeros(0, 2, dtype=torch.long)}}
+    step = lambda s, b, c: upd.client_step_stacked(s, b, c, None)  # type: ignore[arg-type]  # noqa: E731
+    out, out_logs = VectorizedExecutor().map(step, none, batches, {}, 0, stacked=True)
+    assert out_logs["loss"].shape == (0,) and out["x"]["linear.weight"].shape == (0, 4, 8)
+
+
+def test_executors_still_agree_with_the_stacked_step():
+    assert_executors_agree("fedavg", {"lr": 0.1}, model="logreg")
+    assert_executors_agree("fedavg", {"lr": 0.1})  # mlp
+
+
+@pytest.mark.parametrize("failures", [None, Failures(drop=0.2, partial=0.5)])
+@pytest.mark.parametrize("name", ["fedavg", "fedavgm"])
+def test_sequential_in_place_rounds_equal_out_of_place_bit_for_bit(name, failures, monkeypatch):
+    """Whole runs under the sequential executor, with and without the in-place step (and with
+    clients that drop out or stop early: those rounds switch to the out-of-place step at the
+    first step a client no longer runs); the kept logs too."""
+    kw = {"failures": failures} if failures else {}
+    runs = []
+    calls = {"inplace": 0}
+    real = FedAvg.client_step_inplace
+
+    def counted(self, *a):
+        calls["inplace"] += 1
+        return real(self, *a)
+
+    monkeypatch.setattr(FedAvg, "client_step_inplace", counted)
+    for inplace in (True, False):
+        if not inplace:
+            monkeypatch.setattr(FedAvg, "inplace", lambda self: False)
+        loop = make_loop(name, {"lr": 0.1}, executor="sequential", rounds=4, **kw)
+        loop.run()
+        runs.append((flat_server(loop), [
+            {k: v for k, v in h.items() if not k.startswith("time")} for h in loop.history
+        ]))  # fmt: skip
+        if inplace:
+            assert calls["inplace"] > 0
+    assert np.array_equal(runs[0][0], runs[1][0])
+    assert runs[0][1] == runs[1][1]
