@@ -23,7 +23,10 @@ the clients still running and an upload mean over those with t_k ≥ 1, a droppe
 rows are not written back, and a round in which every client drops leaves the server state as
 it was (``server_update`` is not called). Without failures every count is m: the same
 arithmetic, the same code. Traffic is counted per client from what each one actually sends and
-receives (:class:`Traffic`).
+receives (:class:`Traffic`). Where the updater has its own fast form of ``client_step``, the
+executor runs that instead, with the same numbers: ``client_step_stacked`` over the vectorized
+executor's stacked clients, ``client_step_inplace`` into the sequential executor's rows at a step
+every client of the process runs.
 """
 
 from __future__ import annotations
