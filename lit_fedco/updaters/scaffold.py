@@ -26,7 +26,7 @@ from typing import ClassVar
 import torch
 from torch import Tensor
 
-from lit_fedco.core.autodiff import grad_and_value
+from lit_fedco.core.autodiff import grad_and_value, stacked_grad_and_value
 from lit_fedco.core.protocol import RoundContext, RoundInfo, StepInfo, Sync
 from lit_fedco.core.state import State, tree_map
 from lit_fedco.objectives.base import Batch, Context
@@ -58,6 +58,29 @@ class Scaffold(CompositionalUpdater[Hparams]):
         x = tree_map(lambda y, gi, ci, c: y - lr * (gi - ci + c), state["x"], g, state["c_i"],
                      state["c"])  # fmt: skip
         return {**state, "x": x}, {"loss": loss}
+
+    def client_step_stacked(
+        self, states: State, batches: dict[str, Batch], ctx: Context, step: StepInfo
+    ) -> tuple[State, dict[str, Tensor]]:
+        """:meth:`client_step` of the vectorized executor's clients at once (the gradients of
+        one stacked forward and backward; the same arithmetic row by row)."""
+        values = lambda p: self.objective.values(p, batches, ctx)  # noqa: E731
+        g, loss = stacked_grad_and_value(values)(states["x"])
+        lr = self.hparams.lr
+        x = tree_map(lambda y, gi, ci, c: y - lr * (gi - ci + c), states["x"], g, states["c_i"],
+                     states["c"])  # fmt: skip
+        return {**states, "x": x}, {"loss": loss}
+
+    def client_step_inplace(
+        self, state: State, batches: dict[str, Batch], ctx: Context, step: StepInfo
+    ) -> dict[str, Tensor]:
+        """:meth:`client_step` written into the client's rows: the same operations in the same
+        order (``g − c_i``, ``+ c``, ``· η_l``, then subtracted from y)."""
+        g, loss = grad_and_value(lambda p: self.objective.value(p, batches, ctx))(state["x"])
+        for k, y in state["x"].items():
+            d = g[k] - state["c_i"][k]
+            y.sub_(d.add_(state["c"][k]).mul_(self.hparams.lr))
+        return {"loss": loss}
 
     def client_end(self, state: State, start: State, ctx: Context, steps: Tensor) -> State:
         """``c_i⁺ = c_i − c + (x − y_i) / (K η_l)`` (line 12, option II); uploads Δc_i and
