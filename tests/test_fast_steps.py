@@ -184,3 +184,17 @@ def test_sequential_in_place_rounds_equal_out_of_place_bit_for_bit(name, failure
             assert calls["inplace"] > 0
     assert np.array_equal(runs[0][0], runs[1][0])
     assert runs[0][1] == runs[1][1]
+
+
+def test_an_in_place_step_that_returns_a_state_is_named():
+    class Wrong(FedAvg):
+        def client_step(self, state, batches, ctx, step):
+            return super().client_step(state, batches, ctx, step)
+
+        def client_step_inplace(self, state, batches, ctx, step):
+            return state, {}
+
+    loop = make_loop("fedavg", {"lr": 0.1}, executor="sequential")
+    loop.updater = Wrong(FedAvg.hparams_cls(lr=0.1), loop.updater.model, loop.updater.objective)
+    with pytest.raises(TypeError, match=r"Wrong.client_step_inplace must return the step's logs"):
+        loop.run_round()

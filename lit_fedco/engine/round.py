@@ -160,7 +160,13 @@ def _stacked_step(upd: CompositionalUpdater, step: StepInfo, s: State, b: Any, c
 
 
 def _inplace_step(upd: CompositionalUpdater, step: StepInfo, s: State, b: Any, c: Any) -> Any:
-    return upd.client_step_inplace(s, b, c, step)
+    logs = upd.client_step_inplace(s, b, c, step)
+    if not isinstance(logs, dict):  # e.g. client_step's (state, logs) returned by mistake
+        raise TypeError(
+            f"{type(upd).__name__}.client_step_inplace must return the step's logs (a dict of "
+            f"scalars) after writing the step into state, got {type(logs).__name__}"
+        )
+    return logs
 
 
 # ---------------------------------------------------------------------- phases
