@@ -54,10 +54,7 @@ class Scaffold(CompositionalUpdater[Hparams]):
     ) -> tuple[State, dict[str, Tensor]]:
         """``y_i ← y_i − η_l (g_i(y_i) − c_i + c)`` (line 10)."""
         g, loss = grad_and_value(lambda p: self.objective.value(p, batches, ctx))(state["x"])
-        lr = self.hparams.lr
-        x = tree_map(lambda y, gi, ci, c: y - lr * (gi - ci + c), state["x"], g, state["c_i"],
-                     state["c"])  # fmt: skip
-        return {**state, "x": x}, {"loss": loss}
+        return self._corrected(state, g), {"loss": loss}
 
     def client_step_stacked(
         self, states: State, batches: dict[str, Batch], ctx: Context, step: StepInfo
@@ -66,10 +63,14 @@ class Scaffold(CompositionalUpdater[Hparams]):
         one stacked forward and backward; the same arithmetic row by row)."""
         values = lambda p: self.objective.values(p, batches, ctx)  # noqa: E731
         g, loss = stacked_grad_and_value(values)(states["x"])
+        return self._corrected(states, g), {"loss": loss}
+
+    def _corrected(self, state: State, g: State) -> State:
+        """``state`` with ``y ← y − η_l (g − c_i + c)``: one client's, or stacked clients'."""
         lr = self.hparams.lr
-        x = tree_map(lambda y, gi, ci, c: y - lr * (gi - ci + c), states["x"], g, states["c_i"],
-                     states["c"])  # fmt: skip
-        return {**states, "x": x}, {"loss": loss}
+        x = tree_map(lambda y, gi, ci, c: y - lr * (gi - ci + c), state["x"], g, state["c_i"],
+                     state["c"])  # fmt: skip
+        return {**state, "x": x}
 
     def client_step_inplace(
         self, state: State, batches: dict[str, Batch], ctx: Context, step: StepInfo
