@@ -113,6 +113,9 @@ def test_only_the_updaters_own_stacked_step_runs():
             return {**new, "x": {k: 0.5 * v for k, v in new["x"].items()}}, logs
 
     assert not MyStep(hp, net).stacked() and not MyStep(hp, net).inplace()
+    wrapped = FedAvg(hp, net)  # client_step replaced on the instance (a recorder, a test)
+    wrapped.client_step = lambda *a: FedAvg.client_step(wrapped, *a)  # type: ignore[method-assign]
+    assert not wrapped.stacked() and not wrapped.inplace()
     assert FedAvg(hp, net).inplace()
     assert not FedAvg(hp, build_model("cnn", (1, 4, 4), 4, 0, hidden=3)).stacked()
     assert not FedAvg(hp, net, Objective(net, sample_loss=lambda z, t: z.sum(-1))).stacked()

@@ -240,7 +240,10 @@ class CompositionalUpdater(Generic[H]):
     def _own(self, hook: str) -> bool:
         """Whether optional ``hook`` is implemented by the class that defines
         :meth:`client_step` (a subclass that overrides only :meth:`client_step` must not run
-        its parent's fast form of the old step)."""
+        its parent's fast form of the old step), and ``client_step`` was not replaced on this
+        instance alone (a wrapper that records or changes the step must see every step)."""
+        if "client_step" in vars(self) and hook not in vars(self):
+            return False
 
         def definer(name: str) -> type:
             return next(c for c in type(self).__mro__ if name in c.__dict__)
