@@ -202,4 +202,6 @@ def test_a_sub_run_with_another_command_line_is_refused(tmp_path):
         "comfedl.lr=0.5; give every sub-run of a run the same command line (only sub_run, "
         "threads and how it executes may differ)"
     )
-    assert not (tmp_path / "comfedl_dro" / "mix" / "fedavg-seed0").exists()
+    run = tmp_path / "comfedl_dro" / "mix"
+    assert not (run / "fedavg-seed0").exists()
+    assert sorted(p.name for p in run.glob(".lock-*")) == [".lock-comfedl-seed0"]  # sub-run 0's

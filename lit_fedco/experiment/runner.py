@@ -462,8 +462,8 @@ def run_recipe(
             run_dir = Path(cfg.out_dir) / recipe / cfg.run_name
             run_dir.mkdir(parents=True, exist_ok=True)
             held.append(lock_run(run_dir, shared=True))
+            _check_same_run(cfg, run_dir)  # before its own lock file: a refusal writes nothing
             held.append(lock_run(run_dir, name=f".lock-{chosen[0].folder}"))
-            _check_same_run(cfg, run_dir)
         # the processes Fabric starts read the same files and come to the same plan
         plan = plan_run(recipe, cfg, configs, seeds, built) if not child or cfg.resume else Plan()
         fix = "a run started from a checkpoint of another goes to a new folder: choose another "
