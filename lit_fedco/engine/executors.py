@@ -38,7 +38,8 @@ class Executor:
     stacks = False
     """Whether :meth:`map` can run a function written over the stacked clients (``stacked``)."""
     in_place = False
-    """Whether the executor runs an updater's in-place step (:meth:`map_inplace`)."""
+    """Whether the executor runs an updater's in-place step (its :meth:`map` calls ``fn`` on
+    views of each client's rows, one client after another)."""
 
     def __init__(self, chunk_size: int = 0) -> None:
         if chunk_size < 0:
@@ -72,18 +73,6 @@ class Executor:
 
     def _map(self, fn: ClientFn, states: Any, batches: Any, ctx: Any, n: int, stacked: bool) -> Any:
         raise NotImplementedError
-
-    def map_inplace(self, fn: ClientFn, states: Any, batches: Any, ctx: Any, n: int) -> Any:
-        """Run ``fn(state_i, batches_i, ctx)`` for each of the ``n`` (≥ 1) clients, ``state_i``
-        being views of client i's rows of ``states``, which ``fn`` updates in place; the
-        outputs (the step logs) stacked along dim 0."""
-        if n < 1:
-            raise ValueError(f"map_inplace needs clients, got n = {n}")
-        outs = [
-            fn(index(states, i), None if batches is None else index(batches, i), ctx)
-            for i in range(n)
-        ]
-        return stack(outs)
 
 
 class VectorizedExecutor(Executor):

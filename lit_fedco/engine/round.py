@@ -223,9 +223,7 @@ def local_steps(
         b = first if t == 0 else batches(t)
         info = r.info.step(t)
         if inplace and running is None and r.n:  # every client of the process steps
-            logs = r.ex.map_inplace(
-                partial(_inplace_step, r.upd, info), states, b, ctx.broadcast, r.n
-            )
+            logs = r.ex.map(partial(_inplace_step, r.upd, info), states, b, ctx.broadcast, r.n)
         else:
             step = partial(_stacked_step if stacked else _step, r.upd, info)
             new, logs = r.ex.map(step, states, b, ctx.broadcast, r.n, stacked)
