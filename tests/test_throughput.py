@@ -157,16 +157,20 @@ def test_which_idx_data_a_folder_holds(tmp_path, monkeypatch):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     for sub in ("MNIST/raw", "FashionMNIST/raw"):
         write_idx(tmp_path / "tv" / sub, "train", *make_set(2, 0), gz=False)
+        write_idx(tmp_path / "tv" / sub, "t10k", *make_set(2, 1), gz=False)
     assert T.idx_source(str(tmp_path / "tv")) == "mnist"  # the first layout found
     assert T.idx_source(str(tmp_path / "tv"), "fashion_mnist") == "fashion_mnist"
     write_idx(tmp_path / "flat", "train", *make_set(2, 0), gz=True)
     write_idx(tmp_path / "flat", "t10k", *make_set(2, 1), gz=True)
     write_idx(tmp_path / "my-fashion-files", "train", *make_set(2, 0), gz=True)
+    write_idx(tmp_path / "my-fashion-files", "t10k", *make_set(2, 1), gz=True)
     assert T.idx_source(str(tmp_path / "flat")) == "mnist"
     assert T.idx_source(str(tmp_path / "my-fashion-files")) == "fashion_mnist"
     assert T.idx_source(str(tmp_path / "flat"), "fashion_mnist") == "fashion_mnist"  # as told
     write_idx(tmp_path / "t10k-only", "t10k", *make_set(2, 0), gz=True)
     assert T.idx_source(str(tmp_path / "t10k-only")) == "" == T.idx_source("")
+    write_idx(tmp_path / "train-only", "train", *make_set(2, 0), gz=True)  # its test split gone
+    assert T.idx_source(str(tmp_path / "train-only")) == ""
     (conv,) = T.make_workloads(["conv"], [2], quick=True, data_dir=str(tmp_path / "flat"))
     assert (conv.data, conv.clients, conv.per_client) == ("mnist", 2, 50)
     with pytest.raises(ValueError, match=r"has 2 training images; conv needs 2 clients × 50"):
@@ -219,3 +223,14 @@ def test_cuda_without_a_device_exits_2(capsys):
     with pytest.raises(SystemExit) as exc:
         T.parse_args(["--device", "cuda"])
     assert exc.value.code == 2 and capsys.readouterr().err.count("\n") == 1
+
+
+def test_a_folder_without_the_test_split_is_refused_before_anything_runs(tmp_path, capsys):
+    """The conv workloads read both splits: a folder of training files alone is named in one
+    line at the command line (it failed with a traceback from the loader before)."""
+    write_idx(tmp_path / "mnist", "train", *make_set(60, 0), gz=True)
+    with pytest.raises(SystemExit) as exc:
+        T.parse_args(["--workloads", "conv", "--data-dir", str(tmp_path / "mnist")])
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and err.count("\n") == 1
+    assert "t10k-images-idx3-ubyte" in err and str(tmp_path / "mnist") in err

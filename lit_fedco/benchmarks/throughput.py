@@ -131,7 +131,8 @@ class Workload:
 
 
 def idx_source(folder: str, name: str = "") -> str:
-    """The IDX data set whose training files are in ``folder``, or ``""`` where there are none.
+    """The IDX data set whose four files (training and test images and labels) are in
+    ``folder``, or ``""`` where any is missing (the workloads are built from both splits).
 
     Files are looked for flat in ``folder`` and in torchvision's ``folder/MNIST/raw`` and
     ``folder/FashionMNIST/raw`` (gzipped or not). The two data sets share the file names, so
@@ -142,7 +143,8 @@ def idx_source(folder: str, name: str = "") -> str:
     root = Path(folder)
     if not folder or not root.is_dir():
         return ""
-    stems = ("train-images-idx3-ubyte", "train-labels-idx1-ubyte")
+    stems = tuple(f"{split}-{kind}-idx{d}-ubyte" for split in ("train", "t10k")
+                  for kind, d in (("images", 3), ("labels", 1)))  # fmt: skip
 
     def holds(base: Path) -> bool:
         return all((base / s).is_file() or (base / f"{s}.gz").is_file() for s in stems)
@@ -159,7 +161,7 @@ def idx_source(folder: str, name: str = "") -> str:
 
 
 def fashion_present(folder: str) -> bool:
-    """Whether Fashion-MNIST's training files are in ``folder`` (:func:`idx_source`)."""
+    """Whether Fashion-MNIST's files are in ``folder`` (:func:`idx_source`)."""
     return idx_source(folder, "fashion_mnist") == "fashion_mnist"
 
 
@@ -866,9 +868,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     elif args.data_dir and not idx_source(args.data_dir, args.data_name):
         which = args.data_name or "MNIST or Fashion-MNIST"
         p.error(
-            f"--data-dir: {args.data_dir!r} holds no {which} training files "
-            "(train-images-idx3-ubyte[.gz], train-labels-idx1-ubyte[.gz]) in it, in "
-            "DIR/MNIST/raw or in DIR/FashionMNIST/raw"
+            f"--data-dir: {args.data_dir!r} does not hold {which}'s four files "
+            "(train-images-idx3-ubyte, train-labels-idx1-ubyte, t10k-images-idx3-ubyte, "
+            "t10k-labels-idx1-ubyte; optionally .gz) in it, in DIR/MNIST/raw or in "
+            "DIR/FashionMNIST/raw; place all four there"
         )
     args.work = make_workloads(
         args.workloads, args.clients, args.quick, args.conv_model, args.data_dir, args.data_name
