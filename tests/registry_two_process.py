@@ -28,9 +28,10 @@ ROUNDS = 3
 
 def snapshot(loop: FederatedLoop) -> torch.Tensor:
     """The server state, then every client's kept rows (gathered from the processes that own
-    them), as one float64 vector."""
+    them onto process 0; none on the others), as one float64 vector."""
     server = flatten(loop.server)[0].double()
-    rows = flatten(loop.state_dict()["clients"])[0].double()
+    clients = loop.state_dict()["clients"]
+    rows = flatten(clients)[0].double() if clients is not None else torch.zeros(0)
     return torch.cat([server, rows]).cpu()
 
 
@@ -44,7 +45,8 @@ def run_all(fabric: Fabric, rounds: int = ROUNDS) -> dict[str, dict]:
         loop = build(name, hparams, executor="vectorized", fabric=fabric, rounds=rounds,
                      eval_every=rounds)  # fmt: skip
         loop.run()
-        out[name] = {"state": snapshot(loop), "logs": dict(loop.history[-1]),
+        out[name] = {"state": snapshot(loop), "server": flatten(loop.server)[0].double(),
+                     "logs": dict(loop.history[-1]),
                      "kept_rows": len(loop.store.owned) if loop.store.rows else 0,
                      "kept_bytes": loop.store.nbytes()}  # fmt: skip
     return out

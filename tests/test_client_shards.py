@@ -17,6 +17,7 @@ import torch
 
 from lit_fedco.core.seeding import sample_cohort
 from lit_fedco.core.state import flatten
+from lit_fedco.engine.comm import Comm
 from lit_fedco.engine.store import ClientStore, owned_clients
 from lit_fedco.experiment import checkpoint as ckpt
 from tests.helpers import REPO, free_port, run_recipe, the_run
@@ -64,6 +65,45 @@ def test_a_checkpoints_rows_are_shared_out_by_owner():
     assert one.rows["c"]["w"][:, 0].tolist() == [3.0, 9.0]
     assert torch.equal(two.rows["c"]["w"], full["c"]["w"])
     assert owned_clients(torch.tensor([1, 4, 5, 8]), 1, 2).tolist() == [1, 5]
+
+
+class _GatherComm(Comm):
+    """Process ``rank`` of two, with the other process's buffer in hand: process 1 sends
+    (records its buffer, gets None); process 0 receives both, in process order."""
+
+    def __init__(self, rank: int, sent: list[torch.Tensor]) -> None:
+        super().__init__(torch.float64)
+        self.rank, self.sent = rank, sent
+
+    def gather_to_first(self, buf: torch.Tensor) -> torch.Tensor | None:
+        if self.rank == 1:
+            self.sent.append(buf.clone())
+            return None
+        return torch.stack([buf, *self.sent])
+
+
+def test_a_checkpoint_gathers_every_clients_rows_on_process_0_alone():
+    """Of K = 5 clients with kept rows of two entries (shapes [2, 2] and [3]), process 1 sends
+    its 2 rows padded to ceil(5/2) = 3 and gets nothing back (it never holds all K rows);
+    process 0 gets all five rows in client order, in the summing dtype, and a store loaded from
+    them holds its own rows again."""
+    initial = {"c": {"w": torch.zeros(2, 2)}, "d": torch.zeros(3)}
+    stores = [ClientStore(initial, 5, rank, 2) for rank in (0, 1)]
+    for store in stores:  # client k's rows: k everywhere, 10 k in "d"
+        k = store.owned.float()
+        store.rows["c"]["w"] = k.view(-1, 1, 1).expand(-1, 2, 2).float().clone()
+        store.rows["d"] = (10 * k).view(-1, 1).expand(-1, 3).float().clone()
+    sent: list[torch.Tensor] = []
+    assert stores[1].gather(_GatherComm(1, sent)) is None
+    assert sent[0].shape == (3, 7) and sent[0].dtype == torch.float64
+    assert sent[0][2].abs().sum() == 0  # the padding row
+    full = stores[0].gather(_GatherComm(0, sent))
+    assert full["c"]["w"].shape == (5, 2, 2) and full["d"].shape == (5, 3)
+    assert full["c"]["w"][:, 0, 0].tolist() == [0.0, 1.0, 2.0, 3.0, 4.0]
+    assert full["d"][:, 2].tolist() == [0.0, 10.0, 20.0, 30.0, 40.0]
+    again = ClientStore(initial, 5, 1, 2)
+    again.load(full)
+    assert again.rows["d"][:, 0].tolist() == [10.0, 30.0]
 
 
 def _empty_rounds(seeds: list[int]) -> int:

@@ -330,7 +330,8 @@ def test_two_processes_equal_one_process(tmp_path):
     """Every entry of the table, 3 rounds, vectorized, float64, in one subprocess on 1 CPU
     process and one on 2 (gloo; each process runs its half of the cohort, m >= 3 in every
     entry): the server state and the client-held rows equal to rtol = atol = 1e-12 (the cohort
-    sums are reduced in another order), both processes hold bit-for-bit the same state, the
+    sums are reduced in another order), both processes hold bit-for-bit the same server state
+    (the kept rows of a checkpoint are gathered on process 0 alone), the
     counted traffic and the accuracies of the last round's logs are equal exactly, and the
     other logs (losses, weights) to rel 1e-12. Each of the two processes holds the kept rows of
     its own half of the clients only (client k on process k mod 2)."""
@@ -346,9 +347,11 @@ def test_two_processes_equal_one_process(tmp_path):
     for name in sorted(TINY):
         a, b = one[name], two[name]
         torch.testing.assert_close(b["state"], a["state"], rtol=1e-12, atol=1e-12, msg=name)
-        assert torch.equal(rank1["updaters"][name]["state"], b["state"]), name
+        assert torch.equal(rank1["updaters"][name]["server"], b["server"]), name
         held = (b["kept_bytes"], rank1["updaters"][name]["kept_bytes"])
         assert sum(held) == a["kept_bytes"], name  # the K rows, split between the two
+        # a checkpoint's rows are gathered on process 0 only: process 1 gets none
+        assert torch.equal(rank1["updaters"][name]["state"], b["server"]), name
         if a["kept_bytes"]:
             rows = (b["kept_rows"], rank1["updaters"][name]["kept_rows"])
             assert rows == ((a["kept_rows"] + 1) // 2, a["kept_rows"] // 2), name

@@ -37,6 +37,12 @@ class Comm:
         """The element-wise sum of ``flat`` over all processes (one collective)."""
         raise NotImplementedError
 
+    def gather_to_first(self, buf: Tensor) -> Tensor | None:
+        """Every process's ``buf`` (the same shape on all), stacked in process order
+        (``[N, *buf.shape]``), on process 0 (one collective); None on the others, which send
+        theirs and receive nothing."""
+        raise NotImplementedError
+
     def carry(self, values: Tensor) -> None:
         """Sum ``values`` (1-D) over processes in the next collective, appended to its buffer
         instead of a collective of their own; their sums are then in :attr:`carried` (None
@@ -80,6 +86,9 @@ class LocalComm(Comm):
     def all_sum(self, flat: Tensor) -> Tensor:
         return flat
 
+    def gather_to_first(self, buf: Tensor) -> Tensor | None:
+        return buf.unsqueeze(0)
+
 
 class FabricComm(Comm):
     """Lightning Fabric's collectives (gloo on CPU, NCCL on GPUs); one ``all_reduce`` each."""
@@ -92,3 +101,14 @@ class FabricComm(Comm):
         if self.fabric.world_size == 1:
             return flat
         return self.fabric.all_reduce(flat, reduce_op="sum")  # type: ignore[return-value]
+
+    def gather_to_first(self, buf: Tensor) -> Tensor | None:
+        world = self.fabric.world_size
+        if world == 1:
+            return buf.unsqueeze(0)
+        import torch.distributed as dist  # Fabric's process group (it has no gather of its own)
+
+        first = self.fabric.global_rank == 0
+        out = buf.new_empty(world, *buf.shape) if first else None
+        dist.gather(buf.contiguous(), list(out.unbind(0)) if out is not None else None, dst=0)
+        return out

@@ -184,8 +184,9 @@ class FederatedLoop:
 
         Other client state is rebuilt from the server state at every round, and minibatches,
         cohorts and conditional samples are functions of (seed, client, round), so there is no
-        other RNG state. With N processes the kept state is gathered from its owners (one
-        collective): every process must call it.
+        other RNG state. With N processes the kept state is gathered from its owners onto
+        process 0, which writes checkpoints (one collective; ``"clients"`` is None on the
+        others): every process must call it.
         """
         out = {
             "round": self.round,

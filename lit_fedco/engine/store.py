@@ -6,8 +6,9 @@ process only, its *owner* (client k on process ``k mod N`` of N, the process tha
 evaluates it), so that N processes hold K/N rows each instead of K. A round of an updater that
 keeps state runs every cohort client on its owner (:func:`owned_clients`); the round reads the
 rows of the process's cohort clients at the start and writes back, in place, the rows of those
-that finished it at the end. A checkpoint gathers every client's rows (:meth:`ClientStore.gather`,
-one collective) and a resumed process takes back its own (:meth:`ClientStore.load`).
+that finished it at the end. A checkpoint gathers every client's rows on process 0, which
+writes it (:meth:`ClientStore.gather`, one collective; the other processes never hold more
+than their own rows), and a resumed process takes back its own (:meth:`ClientStore.load`).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 import torch
+import torch.utils._pytree as pytree
 from torch import Tensor
 
 from lit_fedco.core.protocol import RoundInfo, Sync
@@ -84,13 +86,31 @@ class ClientStore:
         """Bytes of the rows this process holds."""
         return sum(t.numel() * t.element_size() for t in tree_leaves(self.rows))
 
-    def gather(self, comm: Comm) -> State:
-        """Every client's rows (``[K, ...]``, in client order) on every process: this process's
-        rows placed at their clients, summed over processes in one collective (a transient
-        buffer of all K rows; a checkpoint's content). Every process must call it."""
+    def gather(self, comm: Comm) -> State | None:
+        """Every client's rows (``[K, ...]``, in client order, in the summing dtype of ``comm``)
+        on process 0, the one that writes checkpoints; None on the other processes. One
+        collective: each process sends its rows as one ``[ceil(K/N), R]`` buffer (R floats per
+        client, padded with rows of zeros), and only process 0 holds all K rows. Every process
+        must call it."""
         if self.world == 1 or not self.rows:
             return self.rows
-        return comm.sum_tree(comm.scatter_rows(self.rows, self.owned, self.num_clients))
+        leaves, spec = pytree.tree_flatten(self.rows)
+        n, cap = len(self.owned), -(-self.num_clients // self.world)
+        width = [v[0].numel() for v in leaves]
+        buf = torch.zeros(cap, sum(width), dtype=comm.dtype, device=leaves[0].device)
+        at = 0
+        for v, w in zip(leaves, width, strict=True):
+            buf[:n, at : at + w] = v.reshape(n, -1)
+            at += w
+        got = comm.gather_to_first(buf)  # [N, cap, R] on process 0
+        del buf  # process 0 then holds the gathered rows and the result, no third copy
+        if got is None:
+            return None
+        k = torch.arange(self.num_clients, device=got.device)  # client k: row k // N of k mod N
+        full = got.view(-1, got.shape[-1])[(k % self.world) * cap + k // self.world]
+        cols = full.split(width, 1)
+        out = [c.reshape(self.num_clients, *v.shape[1:]) for c, v in zip(cols, leaves, strict=True)]
+        return pytree.tree_unflatten(out, spec)
 
     def load(self, rows: State) -> None:
         """Take this process's rows from every client's ``rows`` (``[K, ...]``, a checkpoint's)."""
