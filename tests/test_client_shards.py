@@ -104,6 +104,12 @@ def test_a_checkpoint_gathers_every_clients_rows_on_process_0_alone():
     again = ClientStore(initial, 5, 1, 2)
     again.load(full)
     assert again.rows["d"][:, 0].tolist() == [10.0, 30.0]
+    # one client, two processes: process 1 owns none and sends a row of padding
+    lone = [ClientStore(initial, 1, rank, 2) for rank in (0, 1)]
+    lone[0].rows["d"] = torch.full((1, 3), 7.0)
+    sent = []
+    assert lone[1].gather(_GatherComm(1, sent)) is None and sent[0].shape == (1, 7)
+    assert lone[0].gather(_GatherComm(0, sent))["d"].tolist() == [[7.0, 7.0, 7.0]]
 
 
 def _empty_rounds(seeds: list[int]) -> int:

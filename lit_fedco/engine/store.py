@@ -13,6 +13,7 @@ than their own rows), and a resumed process takes back its own (:meth:`ClientSto
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -96,11 +97,11 @@ class ClientStore:
             return self.rows
         leaves, spec = pytree.tree_flatten(self.rows)
         n, cap = len(self.owned), -(-self.num_clients // self.world)
-        width = [v[0].numel() for v in leaves]
+        width = [math.prod(v.shape[1:]) for v in leaves]
         buf = torch.zeros(cap, sum(width), dtype=comm.dtype, device=leaves[0].device)
         at = 0
         for v, w in zip(leaves, width, strict=True):
-            buf[:n, at : at + w] = v.reshape(n, -1)
+            buf[:n, at : at + w] = v.reshape(n, w)
             at += w
         got = comm.gather_to_first(buf)  # [N, cap, R] on process 0
         del buf  # process 0 then holds the gathered rows and the result, no third copy
