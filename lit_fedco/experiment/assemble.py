@@ -363,6 +363,8 @@ def check_run(cfg: DictConfig, built: Assembly | None = None) -> None:
     loop_config(cfg, first).validate(data.num_clients, cfg.devices * cfg.num_nodes)
     # model sizes, and an objective of the problem for each updater
     updaters = [built.updater(cfg, name, first)[0] for name in cfg.updaters]
+    for name, upd in zip(cfg.updaters, updaters, strict=True):  # its sampler on every client
+        built.updater(cfg, name, first)[1].sampler(upd.objective, data, first)  # (AUPRC: positives)
     check_pretrain(cfg)
     if enabled(cfg):  # the pre-training's updater, objective and schedule
         pcfg = pretrain_config(cfg)
