@@ -200,3 +200,97 @@ def test_kill_9_of_two_processes_keeping_state_then_resume_is_bit_identical(tmp_
     assert torch.equal(_state(sub), _state(ref))
     assert _metrics(sub) == _metrics(ref)
     assert [line["round"] for line in _metrics(sub)] == list(range(1, 7))
+
+
+# ---------------------------------------------------------------------- data held by owner
+def _digits(**kw):
+    from tests.helpers import digits_data
+
+    return digits_data(**kw)
+
+
+def test_a_copy_holding_some_clients_rows_answers_for_the_whole():
+    """``held_by``: the held clients' rows are the same values (new tensors), the others' are
+    empty ranges; sizes, class counts, partition statistics and the fingerprint are the whole
+    data set's; a second cut and a client out of range are refused."""
+    from lit_fedco.data.samplers import BatchSampler
+
+    data = _digits()
+    k = data.num_clients
+    owned = torch.arange(1, k, 2)
+    part = data.held_by(owned, "f" * 16)
+    assert part.holds() == owned.tolist() and data.holds() == list(range(k))
+    assert len(part.x_train) == int(data.sizes("train")[owned].sum())
+    assert len(part.x_val) == int(data.sizes("val")[owned].sum())
+    for c in range(k):
+        for split in ("train", "val"):
+            x, y = part.client_slice(c, split)
+            if c % 2:
+                assert torch.equal(x, data.client_slice(c, split)[0])
+                assert torch.equal(y, data.client_slice(c, split)[1])
+            else:
+                assert len(x) == 0
+    assert x.data_ptr() != data.x_train.data_ptr()  # the whole's tensors can go
+    assert torch.equal(part.sizes("train"), data.sizes("train"))
+    assert torch.equal(part.class_counts("val"), data.class_counts("val"))
+    assert part.partition_stats() == data.partition_stats()
+    assert ckpt.data_fingerprint(part) == "f" * 16
+    # a held client's minibatches: the same rows as from the whole
+    whole_s, part_s = BatchSampler(data, 3), BatchSampler(part, 3)
+    clients = owned[:2]
+    i_w = whole_s.sample_round(clients, 5, 2, ("inner",), 4)
+    i_p = part_s.sample_round(clients, 5, 2, ("inner",), 4)
+    assert torch.equal(data.x_train[i_w], part.x_train[i_p])
+    with pytest.raises(ValueError, match="already holds only some"):
+        part.held_by(owned, "")
+    with pytest.raises(IndexError, match=r"clients must be in \[0, "):
+        data.held_by(torch.tensor([k]), "")
+
+
+def test_a_loop_refuses_rows_of_another_process_clients():
+    """A loop on process 0 of 1 given the rows of clients 1, 3, ... says which it holds and
+    which it runs."""
+    from tests.helpers import make_loop
+
+    data = _digits()
+    with pytest.raises(ValueError, match=r"process 0 of 1 runs clients k with k mod 1 = 0"):
+        make_loop("fedavg", {"lr": 0.1}, data=data.held_by(torch.arange(1, 4, 2), ""))
+
+
+SHARD_ARGS = [
+    "updaters=[fedavg,qfedavg]", "rounds=4", "eval_every=2", "cohort=3", "local_steps=2",
+    "dtype=float64", "seeds=[0]", "checkpoint_every=2", "run_name=held",
+]  # fmt: skip
+
+
+@pytest.mark.slow
+def test_data_held_by_owner_on_two_processes_equals_one_process_and_resumes_anywhere(tmp_path):
+    """``shard_data=true``: 2 processes, each holding and running only its own clients' rows
+    (random cohorts of 3 of 10), give one process's numbers (rel 1e-12, float64), table and
+    partition statistics; their checkpoints name the whole data set's fingerprint, so one
+    process without ``shard_data`` resumes them (2 rounds more) to the numbers of a run that
+    never stopped."""
+    run_recipe("comfedl_dro", tmp_path / "one", 1, *SHARD_ARGS)
+    run_recipe("comfedl_dro", tmp_path / "two", 2, *SHARD_ARGS, "shard_data=true")
+    a_dir = the_run(tmp_path / "one", "comfedl_dro")
+    b_dir = the_run(tmp_path / "two", "comfedl_dro")
+    assert (a_dir / "table.txt").read_text() == (b_dir / "table.txt").read_text()
+    for sub in ("fedavg-seed0", "qfedavg-seed0"):
+        assert (a_dir / sub / "partition.json").read_text() == (
+            b_dir / sub / "partition.json"
+        ).read_text()
+        for la, lb in zip(_metrics(a_dir / sub), _metrics(b_dir / sub), strict=True):
+            assert la.keys() == lb.keys()
+            for key, v in la.items():
+                assert lb[key] == pytest.approx(v, rel=1e-12, abs=1e-12), (sub, key)
+        a_ck = ckpt.load(ckpt.listing(a_dir / sub / "checkpoints")[-1])
+        b_ck = ckpt.load(ckpt.listing(b_dir / sub / "checkpoints")[-1])
+        assert a_ck["data"] == b_ck["data"]
+    longer = [a for a in SHARD_ARGS if not a.startswith("rounds=")] + ["rounds=6"]
+    run_recipe("comfedl_dro", tmp_path / "two", 1, *longer, "resume=auto")
+    run_recipe("comfedl_dro", tmp_path / "straight", 1, *longer)
+    c_dir = the_run(tmp_path / "straight", "comfedl_dro")
+    for sub in ("fedavg-seed0", "qfedavg-seed0"):
+        for la, lb in zip(_metrics(c_dir / sub), _metrics(b_dir / sub), strict=True):
+            for key, v in la.items():
+                assert lb[key] == pytest.approx(v, rel=1e-12, abs=1e-12), (sub, key)

@@ -326,6 +326,35 @@ def test_counted_download_depends_on_values_not_on_tensor_identity():
 
 # ---------------------------------------------------------------------- processes
 @pytest.mark.slow
+def test_two_processes_holding_only_their_clients_data_equal_one_process(tmp_path):
+    """``shard_data``: every entry of the table on 2 processes, each given only the data rows of
+    the clients it owns (client k on process k mod 2) and running the cohort clients it owns,
+    equals 1 process holding everything (server state and kept rows to rtol = atol = 1e-12,
+    accuracies and traffic exactly, other logs to rel 1e-12). The two processes' rows add up to
+    all rows, and each holds exactly its own clients'."""
+    one_out, two_out = tmp_path / "one.pt", tmp_path / "two.pt"
+    run_module("tests.registry_two_process", "--devices=1", f"--out={one_out}")
+    run_module("tests.registry_two_process", "--devices=2", "--shard-data", f"--out={two_out}")
+    one = torch.load(one_out, weights_only=False)["updaters"]
+    two = torch.load(two_out, weights_only=False)["updaters"]
+    rank1 = torch.load(tmp_path / "two.pt.rank1", weights_only=False)["updaters"]
+    for name in sorted(TINY):
+        a, b, c = one[name], two[name], rank1[name]
+        torch.testing.assert_close(b["state"], a["state"], rtol=1e-12, atol=1e-12, msg=name)
+        k = len(a["data_clients"])
+        assert b["data_clients"] == list(range(0, k, 2)), name
+        assert c["data_clients"] == list(range(1, k, 2)), name
+        for split in (0, 1):  # training and validation rows: split between the two
+            assert b["data_rows"][split] + c["data_rows"][split] == a["data_rows"][split], name
+            assert 0 < b["data_rows"][split] < a["data_rows"][split], name
+        for key, v in a["logs"].items():
+            if key.startswith("comm/") or "acc" in key:
+                assert b["logs"][key] == v, (name, key)
+            else:
+                assert b["logs"][key] == pytest.approx(v, rel=1e-12, abs=1e-12), (name, key)
+
+
+@pytest.mark.slow
 def test_two_processes_equal_one_process(tmp_path):
     """Every entry of the table, 3 rounds, vectorized, float64, in one subprocess on 1 CPU
     process and one on 2 (gloo; each process runs its half of the cohort, m >= 3 in every

@@ -54,6 +54,25 @@ def test_tiny_run_writes_a_record_per_workload_and_impl(tmp_path, capsys, keep_t
 
 
 @pytest.mark.slow
+def test_devices_mode_with_shard_data_reports_each_process_holding_its_clients_rows(
+    tmp_path, capsys, keep_threads
+):
+    """``--devices 1 2 --shard-data``: one process holds every client's data; each of two holds
+    its own clients' rows only, the two adding up to the one (the embedded digits split over
+    K = 6 clients)."""
+    out = tmp_path / "t.json"
+    argv = ["--workloads", "logreg", "--clients", "6", "--threads", "1", "--repeat", "1",
+            "--min-time", "0", "--check-rounds", "0", "--data-dir", "", "--devices", "1", "2",
+            "--impls", "plain", "vectorized", "--shard-data", "--json", str(out)]  # fmt: skip
+    T.main(argv)
+    records = {r["processes"]: r for r in json.loads(out.read_text()) if "processes" in r}
+    one, two = records[1]["data_mib_per_process"], records[2]["data_mib_per_process"]
+    assert records[2]["shard_data"] and len(one) == 1 and len(two) == 2
+    assert sum(two) == pytest.approx(one[0], rel=1e-12) and 0 < min(two) < one[0]
+    assert "MiB of client data held" in capsys.readouterr().out
+
+
+@pytest.mark.slow
 def test_devices_mode_runs_real_processes_and_reports_their_kept_state(
     tmp_path, capsys, keep_threads
 ):
@@ -195,6 +214,7 @@ def test_which_idx_data_a_folder_holds(tmp_path, monkeypatch):
         ["--no-such-flag"],
         ["--devices", "0"],
         ["--updater", "scaffold"],
+        ["--shard-data"],
     ],
 )
 def test_bad_input_exits_2_with_one_line(argv, capsys):

@@ -11,8 +11,9 @@ does. Timing: one untimed warm-up round; then the processes agree on a number of
 slot (enough for ``min_time`` seconds on the slowest of them) and run ``repeat`` slots of that
 many rounds, each between two barriers; a slot's figure is rounds × m × I / seconds on
 process 0. Memory, per process: the peak resident set during the slots (``VmHWM``, reset before
-each slot) and the bytes of the kept client state it holds. Process 0 writes ``OUT.json``: one
-record with every process's figures.
+each slot), the bytes of the kept client state and of the client data it holds (all clients',
+or with ``shard_data`` only its own: :meth:`~lit_fedco.data.FederatedData.held_by`). Process 0
+writes ``OUT.json``: one record with every process's figures.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ def run(spec: dict[str, Any]) -> dict[str, Any] | None:
     from lightning.fabric import Fabric
 
     from lit_fedco.benchmarks.throughput import LitFedco, PeakMemory, Workload, build_data
+    from lit_fedco.engine.store import owned_by
 
     devices = int(spec["devices"])
     fabric = Fabric(accelerator="cpu", devices=devices, strategy="ddp" if devices > 1 else "auto")
@@ -43,6 +45,8 @@ def run(spec: dict[str, Any]) -> dict[str, Any] | None:
     torch.set_num_threads(int(spec["threads"]))
     w = Workload(**spec["workload"])
     data = build_data(w, spec["seed"], spec["data_dir"])
+    if spec.get("shard_data"):  # as a recipe with shard_data=true: this process's clients' rows
+        data = data.held_by(owned_by(fabric.global_rank, devices, data.num_clients), "")
     runner = LitFedco(w, data, "cpu", torch.float32, spec["seed"], spec["impl"], spec["updater"],
                       fabric)  # fmt: skip
     start = time.perf_counter()
@@ -62,7 +66,10 @@ def run(spec: dict[str, Any]) -> dict[str, Any] | None:
         rates.append(rounds * w.client_steps / (time.perf_counter() - start))
         peaks.append(mem.stop()[0])
     store = runner.loop.store
-    mine = torch.tensor([max(peaks), store.nbytes() / 2**20, float(len(store.owned))],
+    held = runner.loop.data
+    data_mib = sum(t.numel() * t.element_size() for t in (held.x_train, held.y_train, held.x_val,
+                                                           held.y_val)) / 2**20  # fmt: skip
+    mine = torch.tensor([max(peaks), store.nbytes() / 2**20, float(len(store.owned)), data_mib],
                         dtype=torch.float64)  # fmt: skip
     every = fabric.all_gather(mine).reshape(devices, -1)  # type: ignore[union-attr]
     if devices > 1:  # no process may exit with the collectives' threads running (it aborts)
@@ -78,6 +85,7 @@ def run(spec: dict[str, Any]) -> dict[str, Any] | None:
         "peak_mem_mib_per_process": every[:, 0].tolist(),
         "kept_state_mib_per_process": every[:, 1].tolist(),
         "kept_clients_per_process": [int(v) for v in every[:, 2].tolist()],
+        "data_mib_per_process": every[:, 3].tolist(), "shard_data": bool(spec.get("shard_data")),
         "mem_method": mem.method,
     }  # fmt: skip
 

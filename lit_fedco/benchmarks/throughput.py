@@ -3,7 +3,7 @@
     python -m lit_fedco.benchmarks.throughput [--workloads logreg conv resnet20 cnn4]
         [--clients K ...] [--threads N ...] [--repeat 2] [--quick] [--json PATH]
         [--device cpu|cuda] [--profile vectorized] [--data-dir DIR [--data-name mnist]]
-        [--devices 1 2 [--updater scaffold]]
+        [--devices 1 2 [--updater scaffold] [--shard-data]]
 
 Each workload is FedAvg (the same learning rate everywhere) run three ways on the same data:
 
@@ -39,7 +39,9 @@ Lightning Fabric starts (gloo, ``--threads`` per process), as a recipe with ``de
 each measurement in fresh processes (:mod:`lit_fedco.benchmarks.processes`): client-steps/s,
 its ratio to this run's plain loop (one process) and to the same executor on one launched
 process, and per process the peak resident set and the kept client state it holds
-(``--updater scaffold``: a control variate per client; FedAvg keeps none).
+(``--updater scaffold``: a control variate per client; FedAvg keeps none) and the client data
+it holds (all clients'; with ``--shard-data``, its own clients' rows only, and each round's
+cohort split by owner, as a recipe with ``shard_data=true`` runs).
 
 Agreement: after timing, every implementation runs ``--check-rounds`` rounds again, in
 float64, from the same initial model; the final global models of lit_fedco's executors must
@@ -616,7 +618,7 @@ def measure_processes(
                     "workload": dataclasses.asdict(w), "impl": impl, "updater": args.updater,
                     "devices": n, "threads": threads, "min_time": args.min_time,
                     "repeat": args.repeat, "seed": args.seed, "data_dir": args.data_dir,
-                    "system_malloc": args.system_malloc,
+                    "system_malloc": args.system_malloc, "shard_data": args.shard_data,
                 }  # fmt: skip
                 got = run_processes(spec, Path(tmp))
                 rate = got["client_steps_per_s"]
@@ -664,7 +666,7 @@ def format_processes(
     lines = [
         "processes (--devices): client-steps/s, every timed slot; ratio to the plain loop (one "
         "process, same threads, this run) and to one launched process; per process: peak MiB, "
-        "MiB of kept client state (clients held)",
+        "MiB of kept client state (clients held), MiB of client data held",
         f"{'workload':<52}{'thr':>4}  {'impl':<11}{'updater':<9}{'N':>2}  {'slots':<22}"
         f"{'/plain':>7}{'/N=1':>7}  per process",
     ]
@@ -674,9 +676,10 @@ def format_processes(
         plain = f"{r['ratio_to_plain']:.2f}x" if r["ratio_to_plain"] else "-"
         one = f"{r['ratio_to_one_process']:.2f}x" if r.get("ratio_to_one_process") else "-"
         mem = ", ".join(
-            f"{p:.0f} / {k:.1f} ({c})"
-            for p, k, c in zip(r["peak_mem_mib_per_process"], r["kept_state_mib_per_process"],
-                               r["kept_clients_per_process"], strict=True)
+            f"{p:.0f} / {k:.1f} ({c}) / {d:.1f}"
+            for p, k, c, d in zip(r["peak_mem_mib_per_process"], r["kept_state_mib_per_process"],
+                                  r["kept_clients_per_process"], r["data_mib_per_process"],
+                                  strict=True)
         )  # fmt: skip
         lines.append(f"{w.label():<52}{r['threads']:>4}  {r['impl']:<11}{r['updater']:<9}"
                      f"{r['processes']:>2}  {slots:<22}{plain:>7}{one:>7}  {mem}")  # fmt: skip
@@ -833,6 +836,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="the updater of the --devices runs (scaffold: control variates kept per client, "
         "to see the kept state per process; no ratio to the plain loop then)",
     )
+    p.add_argument(
+        "--shard-data",
+        action="store_true",
+        help="the --devices runs hold only their own clients' data rows, as a recipe with "
+        "shard_data=true (cohorts split by owner)",
+    )
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args(argv)
     for key in ("clients", "threads", "devices"):
@@ -855,6 +864,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error("--devices: CPU processes only (one GPU per process needs several GPUs)")
     if args.updater != "fedavg" and not args.devices:
         p.error("--updater: applies to the --devices runs; add --devices 1 2")
+    if args.shard_data and not args.devices:
+        p.error("--shard-data: applies to the --devices runs; add --devices 1 2")
     if args.device == "cuda" and not torch.cuda.is_available():
         p.error("--device cuda: torch sees no CUDA device here; use --device cpu")
     if args.json is not None and not args.json.parent.is_dir():

@@ -138,6 +138,11 @@ class RunConfig:
         chunk_size: clients per vmap call (0: all of a rank's cohort at once).
         dtype: ``float32`` or ``float64``.
         accelerator / devices / num_nodes / strategy: passed to ``lightning.fabric.Fabric``.
+        shard_data: with several processes, each holds only the training and validation rows
+            of the clients it owns (client k on process k mod N) instead of all of them, and
+            runs the cohort clients it owns (a random cohort can then split unevenly between
+            processes). The same numbers up to the order of floating-point sums, as with any
+            number of processes; no effect on one process.
         tracking: any of ``wandb``, ``csv``; ``[none]`` logs nothing.
         out_dir: runs go to ``<out_dir>/<recipe>/<run_name>/`` (config, metrics, W&B runs,
             checkpoints, results; :mod:`lit_fedco.experiment.rundir`).
@@ -200,6 +205,7 @@ class RunConfig:
     devices: int = 1
     num_nodes: int = 1
     strategy: str = "auto"
+    shard_data: bool = False
     tracking: list[str] = field(default_factory=lambda: ["wandb", "csv"])
     out_dir: str = "runs"
     project: str = "lit_fedco"

@@ -28,9 +28,22 @@ def labels_of(y: Tensor) -> Tensor:
     return y if y.dim() == 1 else y[:, 0]
 
 
+@dataclass(frozen=True)
+class Whole:
+    """What a copy that holds some clients' rows (:meth:`FederatedData.held_by`) keeps of the
+    whole data set: every client's sizes and class counts per split, and the whole data's
+    fingerprint (what a checkpoint is matched against)."""
+
+    train_sizes: Tensor
+    val_sizes: Tensor
+    train_class_counts: Tensor
+    val_class_counts: Tensor
+    fingerprint: str
+
+
 @dataclass
 class FederatedData:
-    """All clients' training and validation data.
+    """All clients' training and validation data (or, :meth:`held_by`, some clients' rows).
 
     Attributes:
         x_train, y_train: training samples, grouped by client; targets ``[n]`` class labels,
@@ -42,6 +55,11 @@ class FederatedData:
         name: the source's name.
         stats: what the builder recorded (sizes and class counts per client under ``"train"``
             and ``"val"``, a synthetic source's ground truth, an imbalance ratio).
+        held: the clients whose rows this copy holds (sorted), or None: all of them. The
+            offsets of the others are empty ranges.
+        whole: the whole data set's sizes, class counts and fingerprint, where ``held`` is
+            set (:meth:`sizes`, :meth:`class_counts` and :meth:`partition_stats` answer for
+            the whole).
     """
 
     x_train: Tensor
@@ -53,11 +71,56 @@ class FederatedData:
     num_classes: int
     name: str
     stats: dict[str, Any] = field(default_factory=dict)
+    held: Tensor | None = None
+    whole: Whole | None = None
 
     @property
     def num_clients(self) -> int:
         """K."""
         return len(self.train_offsets) - 1
+
+    def holds(self) -> list[int]:
+        """The clients whose rows this copy holds: all K, or :attr:`held`."""
+        return list(range(self.num_clients)) if self.held is None else self.held.tolist()
+
+    def held_by(self, clients: Tensor, fingerprint: str) -> FederatedData:
+        """A copy holding only ``clients``' rows (new tensors: the rows of the others can go),
+        with the same offsets layout (the other clients' ranges empty) and what it needs of
+        the whole (:class:`Whole`: sizes, class counts, ``fingerprint``). A process of a run
+        with ``shard_data`` keeps this of the clients it owns.
+
+        Args:
+            clients: client indices, each once.
+            fingerprint: the whole data's fingerprint (checkpoints match it).
+        """
+        if self.held is not None:
+            raise ValueError("held_by: this copy already holds only some clients' rows")
+        k = self.num_clients
+        clients = torch.unique(clients.cpu().long())  # sorted, each once
+        if len(clients) and not 0 <= int(clients[0]) <= int(clients[-1]) < k:
+            raise IndexError(f"held_by: clients must be in [0, {k}), got {clients.tolist()}")
+        keep = torch.zeros(k, dtype=torch.bool)
+        keep[clients] = True
+
+        def part(split: str) -> tuple[Tensor, Tensor, Tensor]:
+            x, y, off = self.arrays(split)
+            off = off.cpu()
+            sizes = torch.where(keep, off[1:] - off[:-1], 0)
+            rows = [torch.arange(int(off[c]), int(off[c + 1])) for c in clients.tolist()]
+            idx = torch.cat(rows) if rows else torch.zeros(0, dtype=torch.int64)
+            new_off = torch.cat([torch.zeros(1, dtype=torch.int64), sizes.cumsum(0)])
+            return (
+                x[idx.to(x.device)],
+                y[idx.to(y.device)],
+                new_off.to(self.arrays(split)[2].device),
+            )
+
+        whole = Whole(self.sizes("train"), self.sizes("val"), self.class_counts("train"),
+                      self.class_counts("val"), fingerprint)  # fmt: skip
+        x_tr, y_tr, off_tr = part("train")
+        x_va, y_va, off_va = part("val")
+        return replace(self, x_train=x_tr, y_train=y_tr, train_offsets=off_tr, x_val=x_va,
+                       y_val=y_va, val_offsets=off_va, held=clients, whole=whole)  # fmt: skip
 
     def arrays(self, split: str) -> tuple[Tensor, Tensor, Tensor]:
         """Inputs, targets and offsets of ``split`` (``"train"`` or ``"val"``).
@@ -72,8 +135,11 @@ class FederatedData:
         raise ValueError(f"split: got {split!r}, expected 'train' or 'val'")
 
     def sizes(self, split: str = "train") -> Tensor:
-        """Samples per client in ``split`` (``"train"`` or ``"val"``), int64 [K]."""
+        """Samples per client in ``split`` (``"train"`` or ``"val"``), int64 [K] (of the whole
+        data set, also in a copy that holds some clients' rows)."""
         off = self.arrays(split)[2]
+        if self.whole is not None:
+            return self.whole.train_sizes if split == "train" else self.whole.val_sizes
         return off[1:] - off[:-1]
 
     def client_slice(self, k: int, split: str = "train") -> tuple[Tensor, Tensor]:
@@ -104,9 +170,14 @@ class FederatedData:
         """Samples of each class held by each client in ``split``, int64 ``[K, C]``.
 
         Computed from the labels themselves (one ``bincount`` over ``client · C + label``), not
-        from what the builder recorded, so it is right for every source, synthetic ones too.
+        from what the builder recorded, so it is right for every source, synthetic ones too;
+        in a copy that holds some clients' rows, the whole data set's (computed before).
         """
         _, y, off = self.arrays(split)
+        if self.whole is not None:
+            return (
+                self.whole.train_class_counts if split == "train" else self.whole.val_class_counts
+            )
         k, c = self.num_clients, self.num_classes
         owner = torch.repeat_interleave(torch.arange(k), (off[1:] - off[:-1]).cpu())
         flat = owner * c + labels_of(y).detach().cpu().long()

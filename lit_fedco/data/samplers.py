@@ -154,8 +154,8 @@ class PositiveSampler(BatchSampler):
         super().__init__(data, seed)
         self.positives = positives
         y = data.y_train.cpu()
-        self.pos_rows: list[Tensor] = []
-        for k in range(data.num_clients):
+        self.pos_rows: dict[int, Tensor] = {}
+        for k in data.holds():
             lo, hi = int(self.offsets[k]), int(self.offsets[k + 1])
             rows = torch.nonzero(y[lo:hi] == 1).flatten()
             if len(rows) == 0:
@@ -163,7 +163,7 @@ class PositiveSampler(BatchSampler):
                     f"auprc: client {k} holds no positive sample; use fewer clients "
                     "(data.num_clients) or remove fewer positives (data.drop_positive)"
                 )
-            self.pos_rows.append(rows)
+            self.pos_rows[k] = rows
 
     def sample_round(
         self, clients: Tensor, round_idx: int, steps: int, roles: tuple[str, ...], batch_size: int
@@ -232,12 +232,12 @@ class TaskSampler(BatchSampler):
     def __init__(self, data: FederatedData, seed: int, ways: int, per_class: int) -> None:
         super().__init__(data, seed)
         self.ways, self.per_class = ways, per_class
-        self.by_class: list[dict[int, Tensor]] = []
-        for k in range(data.num_clients):
+        self.by_class: dict[int, dict[int, Tensor]] = {}
+        for k in data.holds():
             lo, hi = int(self.offsets[k]), int(self.offsets[k + 1])
             local = {c: r + lo for c, r in rows_by_class(data.y_train[lo:hi]).items()}
             check_tasks(local, ways, per_class, f"client {k}")
-            self.by_class.append({c: r for c, r in local.items() if len(r) >= per_class})
+            self.by_class[k] = {c: r for c, r in local.items() if len(r) >= per_class}
 
     def sample_round(
         self, clients: Tensor, round_idx: int, steps: int, roles: tuple[str, ...], batch_size: int

@@ -3,10 +3,12 @@
 
 One code path for 1 or N processes: every rank samples the same cohort (seeded by seed and
 round), runs its share of the cohort clients, and takes part in every collective. The share is
-``cohort[rank::world]`` (balanced), or, for an updater whose clients keep state across rounds,
-the cohort clients the rank owns (client k on rank k mod N, :mod:`lit_fedco.engine.store`): a
-client's kept state then lives on one process only and never travels (a rank that owns none
-of a round's cohort still takes part in its collectives). The communication schedule depends
+``cohort[rank::world]`` (balanced), or, for an updater whose clients keep state across rounds
+and for data held by owner (``shard_data``: each process holds only its clients' rows,
+:meth:`~lit_fedco.data.FederatedData.held_by`), the cohort clients the rank owns (client k on
+rank k mod N, :mod:`lit_fedco.engine.store`): a client's kept state and data then live on one
+process only and never travel (a rank that owns none of a round's cohort still takes part in
+its collectives). The communication schedule depends
 only on step counters, never on data, so no rank can skip a collective. The model is not
 DDP-wrapped: local steps do not communicate; every collective is one ``fabric.all_reduce`` of
 one flat buffer.
@@ -39,7 +41,7 @@ from lit_fedco.engine.evaluation import Evaluator
 from lit_fedco.engine.executors import Executor
 from lit_fedco.engine.round import federated_round
 from lit_fedco.engine.schedule import LoopConfig
-from lit_fedco.engine.store import make_store, owned_clients
+from lit_fedco.engine.store import make_store, owned_by, owned_clients
 from lit_fedco.problems import Classification, Problem, ProblemParams
 from lit_fedco.updaters.base import CompositionalUpdater
 
@@ -52,7 +54,8 @@ class FederatedLoop:
     Args:
         fabric: a launched :class:`lightning.fabric.Fabric`.
         updater: the algorithm.
-        data: all clients' data (moved to ``fabric.device``).
+        data: all clients' data (moved to ``fabric.device``), or the rows of the clients this
+            process owns (:meth:`~lit_fedco.data.FederatedData.held_by`).
         cfg: the schedule (the updater's ``local_steps`` hyperparameter, when set, wins).
         executor: vectorized or sequential client execution.
         dtype: floating dtype of parameters and data.
@@ -75,6 +78,11 @@ class FederatedLoop:
         self.rank, self.world = fabric.global_rank, fabric.world_size
         k = data.num_clients
         cfg.validate(k, self.world)
+        if data.held is not None and not torch.equal(data.held, owned_by(self.rank, self.world, k)):
+            raise ValueError(
+                f"data: holds the rows of clients {data.held.tolist()[:8]}..., but process "
+                f"{self.rank} of {self.world} runs clients k with k mod {self.world} = {self.rank}"
+            )
         self.local_steps = updater.hparams.local_steps or cfg.local_steps
         self.data = data.to(fabric.device, dtype)
         self.problem = problem or Classification(ProblemParams(), data)
@@ -88,7 +96,7 @@ class FederatedLoop:
         # the server optimizer: the updater's own (FedAdam), else the run's (server_opt.name)
         opt = updater.server_opt_config() or cfg.server_opt
         self.server_opt = ServerOptimizer(opt) if opt is not None and opt.name else None
-        self.sizes = (self.data.train_offsets[1:] - self.data.train_offsets[:-1]).cpu()
+        self.sizes = self.data.sizes("train").cpu()  # every client's, also of held rows only
         self.round = 0
         self.comm_total = 0.0
         self.evaluate_clients = Evaluator(
@@ -129,9 +137,10 @@ class FederatedLoop:
         return out
 
     def share(self, cohort: Tensor) -> Tensor:
-        """The cohort clients this process runs: the ones it owns when clients keep state (their
-        state is here), else every world-th from its rank (balanced)."""
-        if self.store.rows:
+        """The cohort clients this process runs: the ones it owns when clients keep state or
+        data are held by owner (their state and rows are here), else every world-th from its
+        rank (balanced)."""
+        if self.store.rows or self.data.held is not None:
             return owned_clients(cohort, self.rank, self.world)
         return cohort[self.rank :: self.world].contiguous()  # searchsorted warns on a strided view
 

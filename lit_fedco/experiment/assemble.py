@@ -23,6 +23,8 @@ from lit_fedco.data import FederatedData, make_federated
 from lit_fedco.engine.executors import choose_executor, make_executor
 from lit_fedco.engine.failures import Failures
 from lit_fedco.engine.loop import LoopConfig
+from lit_fedco.engine.store import owned_by
+from lit_fedco.experiment import checkpoint as ckpt
 from lit_fedco.experiment.jobs import per_core_limit
 from lit_fedco.experiment.pretrain import check as check_pretrain
 from lit_fedco.experiment.pretrain import (
@@ -215,15 +217,38 @@ class Assembly:
     def __init__(self) -> None:
         self._data: tuple[str, FederatedData] | None = None
         self._updaters: dict[str, tuple[CompositionalUpdater, Problem]] = {}
+        self._shard: tuple[int, int] | None = None
         self.built = {"data": 0, "updaters": 0}
         """How many data sets and updaters were built (the tests read it)."""
 
+    def shard(self, rank: int, world: int) -> None:
+        """From now on keep only the rows of the clients process ``rank`` of ``world`` owns
+        (``shard_data``: client k on process k mod ``world``): the data set in hand is cut
+        down now, and the updaters and problems built on the whole are let go (rebuilt on the
+        held rows when asked for: the same, since they read only what the held copy keeps of
+        the whole)."""
+        if world <= 1 or self._shard == (rank, world):
+            return
+        self._shard = (rank, world)
+        self._updaters.clear()
+        if self._data is not None:
+            key, data = self._data
+            self._data = None
+            self._data = (key, self._held(data))
+
+    def _held(self, data: FederatedData) -> FederatedData:
+        if self._shard is None:
+            return data
+        rank, world = self._shard
+        return data.held_by(owned_by(rank, world, data.num_clients), ckpt.data_fingerprint(data))
+
     def data(self, cfg: DictConfig, seed: int) -> FederatedData:
-        """:func:`build_data` of ``cfg`` and ``seed``, built once."""
+        """:func:`build_data` of ``cfg`` and ``seed``, built once (of this process's clients
+        only, after :meth:`shard`)."""
         key = json.dumps([OmegaConf.to_container(cfg.data, resolve=True), seed], sort_keys=True)
         if self._data is None or self._data[0] != key:
             self._data = None  # the previous data set can go before the next is built
-            self._data = (key, build_data(cfg, seed))
+            self._data = (key, self._held(build_data(cfg, seed)))
             self.built["data"] += 1
         return self._data[1]
 
@@ -384,7 +409,7 @@ def check_run(cfg: DictConfig, built: Assembly | None = None) -> None:
 RESUMABLE_CHANGES = (
     "rounds", "eval_every", "checkpoint_every", "checkpoint_keep", "progress", "tracking",
     "threads", "executor", "chunk_size", "devices", "num_nodes", "accelerator", "strategy",
-    "jobs", "sub_run",
+    "jobs", "sub_run", "shard_data",
 )  # fmt: skip
 """Keys a resumed run may change: the schedule's length and how the run executes."""
 

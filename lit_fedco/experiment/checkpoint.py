@@ -19,13 +19,16 @@ import hashlib
 import io
 import os
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor
 
 from lit_fedco.core import faults
 from lit_fedco.core.errors import ConfigError
+
+if TYPE_CHECKING:
+    from lit_fedco.data import FederatedData
 
 MAGIC = b"lit_fedco checkpoint v1\n"
 SUFFIX = ".ckpt"
@@ -44,6 +47,16 @@ def fingerprint(tensors: list[Tensor]) -> str:
         h.update(f"{tuple(t.shape)}{t.dtype};".encode())
         h.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
     return h.hexdigest()[:16]
+
+
+def data_fingerprint(data: FederatedData) -> str:
+    """:func:`fingerprint` of a run's data (every split's inputs, targets and offsets): a
+    checkpoint's ``data``; of the whole data set also for a copy holding some clients' rows
+    (it keeps the whole's, computed before)."""
+    if data.whole is not None:
+        return data.whole.fingerprint
+    return fingerprint([data.x_train, data.y_train, data.train_offsets,
+                        data.x_val, data.y_val, data.val_offsets])  # fmt: skip
 
 
 def model_signature(params: dict[str, Tensor]) -> list[str]:

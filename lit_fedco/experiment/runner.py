@@ -516,6 +516,8 @@ def _execute(
     try:
         fabric = make_fabric(cfg, callbacks)
         torch.set_num_threads(process_threads(cfg))  # recorded in each sub-run's status.json
+        if cfg.shard_data:  # each process keeps the rows of the clients it owns
+            built.shard(fabric.global_rank, fabric.world_size)
         rows = _run(recipe, cfg, configs, seeds, plan, run_dir, fabric, columns, evaluated_on,
                     built)  # fmt: skip
         _shut_down(fabric)

@@ -221,11 +221,10 @@ def identity_of(
     recipe: str, cfg: DictConfig, name: str, seed: int, data: FederatedData, params: dict
 ) -> dict[str, Any]:
     """What a checkpoint of updater ``name`` with ``seed`` on ``data`` must match."""
-    x = [data.x_train, data.y_train, data.train_offsets, data.x_val, data.y_val, data.val_offsets]
     return {
         "recipe": recipe,
         "updater": name,
-        "data": ckpt.fingerprint(x),
+        "data": ckpt.data_fingerprint(data),
         "model": ckpt.model_signature(params),
         "config": relevant_config(cfg, name, seed),
     }

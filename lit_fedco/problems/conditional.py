@@ -97,8 +97,10 @@ class AUPRCProblem(Problem):
         return 1
 
     def positive_ratio(self) -> float:
-        """p, the fraction of positives among all clients' training rows."""
-        return float((self.data.y_train == 1).double().mean())
+        """p, the fraction of positives among all clients' training rows (from the class
+        counts: the whole data set's, also where a process holds some clients' rows)."""
+        counts = self.data.class_counts("train").double()
+        return float(counts[:, 1].sum() / counts.sum())
 
     def objectives(self, model: nn.Module) -> dict[str, Objective]:
         p = self.params
