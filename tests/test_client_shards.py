@@ -167,39 +167,53 @@ def test_kept_state_on_two_processes_equals_one_process(tmp_path):
         assert status["threads"] == max(1, min(default, cores // processes))
 
 
-@pytest.mark.slow
-def test_kill_9_of_two_processes_keeping_state_then_resume_is_bit_identical(tmp_path):
-    """Both processes killed (``SIGKILL``) in the second evaluation of SCAFFOLD's run, then
-    ``resume=auto`` on two processes: the checkpoint gathered every client's rows from their
-    owners and each process took its own back, so the run ends bit-identical to one never
+def _kill_9_then_resume(tmp_path: Path, updater: str, *extra: str) -> None:
+    """Both processes of a 2-process ``updater`` run killed (``SIGKILL``) in its second
+    evaluation, then ``resume=auto`` on two processes: the run ends bit-identical to one never
     stopped, every round logged once."""
-    args = [a for a in ARGS if not a.startswith("updaters=")] + ["updaters=[scaffold]"]
-    args = [a for a in args if not a.startswith("rounds=")] + ["rounds=6", "seeds=[0]"]
+    args = [a for a in ARGS if not a.startswith("updaters=")] + [f"updaters=[{updater}]"]
+    args = [a for a in args if not a.startswith("rounds=")] + ["rounds=6", "seeds=[0]", *extra]
 
-    def command(name: str, *extra: str) -> list[str]:
+    def command(name: str, *more: str) -> list[str]:
         return [sys.executable, "-m", "lit_fedco.recipes.comfedl_dro", "devices=2",
                 "tracking=[none]", "progress=false", f"out_dir={tmp_path}", f"run_name={name}",
-                *args, *extra]  # fmt: skip
+                *args, *more]  # fmt: skip
 
-    def env(**extra: str) -> dict[str, str]:
-        return {**os.environ, "MASTER_PORT": str(free_port()), "WANDB_MODE": "disabled", **extra}
+    def env(**more: str) -> dict[str, str]:
+        return {**os.environ, "MASTER_PORT": str(free_port()), "WANDB_MODE": "disabled", **more}
 
-    def run(name: str, *extra: str, **env_extra: str) -> subprocess.CompletedProcess:
-        return subprocess.run(command(name, *extra), capture_output=True, text=True, cwd=REPO,
-                              env=env(**env_extra), timeout=300)  # fmt: skip
+    def run(name: str, *more: str, **env_more: str) -> subprocess.CompletedProcess:
+        return subprocess.run(command(name, *more), capture_output=True, text=True, cwd=REPO,
+                              env=env(**env_more), timeout=300)  # fmt: skip
 
     straight = run("straight")
     assert straight.returncode == 0, straight.stderr[-2000:]
     killed = run("killed", LIT_FEDCO_KILL_AT="evaluation:2")
     assert killed.returncode != 0
-    sub = tmp_path / "comfedl_dro" / "killed" / "scaffold-seed0"
+    sub = tmp_path / "comfedl_dro" / "killed" / f"{updater}-seed0"
     assert ckpt.listing(sub / "checkpoints"), "no checkpoint before the kill"
     resumed = run("killed", "resume=auto")
     assert resumed.returncode == 0, resumed.stderr[-2000:]
-    ref = tmp_path / "comfedl_dro" / "straight" / "scaffold-seed0"
+    ref = tmp_path / "comfedl_dro" / "straight" / f"{updater}-seed0"
     assert torch.equal(_state(sub), _state(ref))
     assert _metrics(sub) == _metrics(ref)
     assert [line["round"] for line in _metrics(sub)] == list(range(1, 7))
+
+
+@pytest.mark.slow
+def test_kill_9_of_two_processes_keeping_state_then_resume_is_bit_identical(tmp_path):
+    """SCAFFOLD: the checkpoint gathered every client's rows from their owners on process 0 and
+    each process took its own back (:func:`_kill_9_then_resume`)."""
+    _kill_9_then_resume(tmp_path, "scaffold")
+
+
+@pytest.mark.slow
+def test_kill_9_of_two_processes_holding_their_clients_data_then_resume_is_bit_identical(
+    tmp_path,
+):
+    """FedAvg with ``shard_data=true``: each process, started again, cuts its own clients' rows
+    out of the data again and goes on from the checkpoint (:func:`_kill_9_then_resume`)."""
+    _kill_9_then_resume(tmp_path, "fedavg", "shard_data=true")
 
 
 # ---------------------------------------------------------------------- data held by owner
