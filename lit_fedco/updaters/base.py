@@ -36,6 +36,7 @@ from typing import Any, ClassVar, Generic, TypeVar
 
 from torch import Tensor, nn
 
+from lit_fedco.core.autodiff import grad_and_value, stacked_grad_and_value
 from lit_fedco.core.errors import ConfigError
 from lit_fedco.core.protocol import Probe, RoundContext, RoundInfo, StepInfo, Sync
 from lit_fedco.core.server_opt import ServerOptConfig
@@ -236,6 +237,20 @@ class CompositionalUpdater(Generic[H]):
             The step logs (scalars).
         """
         raise NotImplementedError(f"{type(self).__name__} has no client_step_inplace")
+
+    def loss_gradient(
+        self, x: State, batches: dict[str, Batch], ctx: Context, *, stacked: bool = False
+    ) -> tuple[State, Tensor]:
+        """``(∇ℓ(x; B), ℓ(x; B))`` of the objective's ``value``: at one client's ``x`` (in
+        :meth:`client_step` and :meth:`client_step_inplace`), or, ``stacked``, at the vectorized
+        executor's clients' stacked ``x`` (every leaf ``[n, ...]``, in
+        :meth:`client_step_stacked`: :func:`~lit_fedco.core.autodiff.stacked_grad_and_value` of
+        the objective's ``values``, one forward and one backward for all n, each client's
+        gradient the same as its own). A step written with it has the same arithmetic in all
+        three forms but for this call."""
+        if stacked:
+            return stacked_grad_and_value(lambda p: self.objective.values(p, batches, ctx))(x)
+        return grad_and_value(lambda p: self.objective.value(p, batches, ctx))(x)
 
     def _own(self, hook: str) -> bool:
         """Whether optional ``hook`` is implemented by the class that defines

@@ -20,7 +20,6 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from lit_fedco.core.autodiff import grad_and_value, stacked_grad_and_value
 from lit_fedco.core.protocol import StepInfo
 from lit_fedco.core.state import State, tree_axpy
 from lit_fedco.objectives.base import Batch, Context
@@ -38,7 +37,7 @@ class FedAvg(CompositionalUpdater[H]):
     def client_step(
         self, state: State, batches: dict[str, Batch], ctx: Context, step: StepInfo
     ) -> tuple[State, dict[str, Tensor]]:
-        g, loss = grad_and_value(lambda p: self.objective.value(p, batches, ctx))(state["x"])
+        g, loss = self.loss_gradient(state["x"], batches, ctx)
         return {**state, "x": tree_axpy(-self.hparams.lr, g, state["x"])}, {"loss": loss}
 
     def client_step_inplace(
@@ -47,7 +46,7 @@ class FedAvg(CompositionalUpdater[H]):
         """:meth:`client_step` written into the client's rows: ``x ← x + (−η ∇ℓ)``, the same
         two roundings as the out-of-place step (the product, then the sum), so the same
         numbers."""
-        g, loss = grad_and_value(lambda p: self.objective.value(p, batches, ctx))(state["x"])
+        g, loss = self.loss_gradient(state["x"], batches, ctx)
         params = list(state["x"].values())
         torch._foreach_add_(
             params, torch._foreach_mul([g[k] for k in state["x"]], -self.hparams.lr)
@@ -59,8 +58,7 @@ class FedAvg(CompositionalUpdater[H]):
     ) -> tuple[State, dict[str, Tensor]]:
         """:meth:`client_step` of the vectorized executor's clients at once: one stacked forward
         and one backward for all of them (the same products as ``vmap``, the same numbers)."""
-        values = lambda p: self.objective.values(p, batches, ctx)  # noqa: E731
-        g, loss = stacked_grad_and_value(values)(states["x"])
+        g, loss = self.loss_gradient(states["x"], batches, ctx, stacked=True)
         return {**states, "x": tree_axpy(-self.hparams.lr, g, states["x"])}, {"loss": loss}
 
 

@@ -26,7 +26,6 @@ from typing import ClassVar
 import torch
 from torch import Tensor
 
-from lit_fedco.core.autodiff import grad_and_value, stacked_grad_and_value
 from lit_fedco.core.protocol import RoundContext, RoundInfo, StepInfo, Sync
 from lit_fedco.core.state import State, tree_map
 from lit_fedco.objectives.base import Batch, Context
@@ -53,7 +52,7 @@ class Scaffold(CompositionalUpdater[Hparams]):
         self, state: State, batches: dict[str, Batch], ctx: Context, step: StepInfo
     ) -> tuple[State, dict[str, Tensor]]:
         """``y_i ← y_i − η_l (g_i(y_i) − c_i + c)`` (line 10)."""
-        g, loss = grad_and_value(lambda p: self.objective.value(p, batches, ctx))(state["x"])
+        g, loss = self.loss_gradient(state["x"], batches, ctx)
         return self._corrected(state, g), {"loss": loss}
 
     def client_step_stacked(
@@ -61,8 +60,7 @@ class Scaffold(CompositionalUpdater[Hparams]):
     ) -> tuple[State, dict[str, Tensor]]:
         """:meth:`client_step` of the vectorized executor's clients at once (the gradients of
         one stacked forward and backward; the same arithmetic row by row)."""
-        values = lambda p: self.objective.values(p, batches, ctx)  # noqa: E731
-        g, loss = stacked_grad_and_value(values)(states["x"])
+        g, loss = self.loss_gradient(states["x"], batches, ctx, stacked=True)
         return self._corrected(states, g), {"loss": loss}
 
     def _corrected(self, state: State, g: State) -> State:
@@ -77,7 +75,7 @@ class Scaffold(CompositionalUpdater[Hparams]):
     ) -> dict[str, Tensor]:
         """:meth:`client_step` written into the client's rows: the same operations in the same
         order (``g − c_i``, ``+ c``, ``· η_l``, then subtracted from y)."""
-        g, loss = grad_and_value(lambda p: self.objective.value(p, batches, ctx))(state["x"])
+        g, loss = self.loss_gradient(state["x"], batches, ctx)
         for k, y in state["x"].items():
             d = g[k] - state["c_i"][k]
             y.sub_(d.add_(state["c"][k]).mul_(self.hparams.lr))
