@@ -236,6 +236,7 @@ def test_a_copy_holding_some_clients_rows_answers_for_the_whole():
     assert part.holds() == owned.tolist() and data.holds() == list(range(k))
     assert len(part.x_train) == int(data.sizes("train")[owned].sum())
     assert len(part.x_val) == int(data.sizes("val")[owned].sum())
+    assert 0 < part.nbytes() < data.nbytes()
     for c in range(k):
         for split in ("train", "val"):
             x, y = part.client_slice(c, split)

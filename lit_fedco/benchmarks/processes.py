@@ -66,9 +66,7 @@ def run(spec: dict[str, Any]) -> dict[str, Any] | None:
         rates.append(rounds * w.client_steps / (time.perf_counter() - start))
         peaks.append(mem.stop()[0])
     store = runner.loop.store
-    held = runner.loop.data
-    data_mib = sum(t.numel() * t.element_size() for t in (held.x_train, held.y_train, held.x_val,
-                                                           held.y_val)) / 2**20  # fmt: skip
+    data_mib = runner.loop.data.nbytes() / 2**20
     mine = torch.tensor([max(peaks), store.nbytes() / 2**20, float(len(store.owned)), data_mib],
                         dtype=torch.float64)  # fmt: skip
     every = fabric.all_gather(mine).reshape(devices, -1)  # type: ignore[union-attr]

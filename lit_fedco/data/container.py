@@ -104,16 +104,12 @@ class FederatedData:
 
         def part(split: str) -> tuple[Tensor, Tensor, Tensor]:
             x, y, off = self.arrays(split)
-            off = off.cpu()
+            where, off = off.device, off.cpu()
             sizes = torch.where(keep, off[1:] - off[:-1], 0)
             rows = [torch.arange(int(off[c]), int(off[c + 1])) for c in clients.tolist()]
             idx = torch.cat(rows) if rows else torch.zeros(0, dtype=torch.int64)
             new_off = torch.cat([torch.zeros(1, dtype=torch.int64), sizes.cumsum(0)])
-            return (
-                x[idx.to(x.device)],
-                y[idx.to(y.device)],
-                new_off.to(self.arrays(split)[2].device),
-            )
+            return x[idx.to(x.device)], y[idx.to(y.device)], new_off.to(where)
 
         whole = Whole(self.sizes("train"), self.sizes("val"), self.class_counts("train"),
                       self.class_counts("val"), fingerprint)  # fmt: skip
@@ -121,6 +117,11 @@ class FederatedData:
         x_va, y_va, off_va = part("val")
         return replace(self, x_train=x_tr, y_train=y_tr, train_offsets=off_tr, x_val=x_va,
                        y_val=y_va, val_offsets=off_va, held=clients, whole=whole)  # fmt: skip
+
+    def nbytes(self) -> int:
+        """Bytes of the inputs and targets this copy holds (both splits)."""
+        return sum(t.numel() * t.element_size() for t in (self.x_train, self.y_train,
+                                                           self.x_val, self.y_val))  # fmt: skip
 
     def arrays(self, split: str) -> tuple[Tensor, Tensor, Tensor]:
         """Inputs, targets and offsets of ``split`` (``"train"`` or ``"val"``).

@@ -232,9 +232,7 @@ class Assembly:
         self._shard = (rank, world)
         self._updaters.clear()
         if self._data is not None:
-            key, data = self._data
-            self._data = None
-            self._data = (key, self._held(data))
+            self._data = (self._data[0], self._held(self._data[1]))
 
     def _held(self, data: FederatedData) -> FederatedData:
         if self._shard is None:
@@ -387,9 +385,10 @@ def check_run(cfg: DictConfig, built: Assembly | None = None) -> None:
     data = built.data(cfg, first)  # missing files, impossible splits
     loop_config(cfg, first).validate(data.num_clients, cfg.devices * cfg.num_nodes)
     # model sizes, and an objective of the problem for each updater
-    updaters = [built.updater(cfg, name, first)[0] for name in cfg.updaters]
-    for name, upd in zip(cfg.updaters, updaters, strict=True):  # its sampler on every client
-        built.updater(cfg, name, first)[1].sampler(upd.objective, data, first)  # (AUPRC: positives)
+    pairs = [built.updater(cfg, name, first) for name in cfg.updaters]
+    for upd, problem in pairs:  # its minibatch sampler on every client (AUPRC: positives)
+        problem.sampler(upd.objective, data, first)
+    updaters = [upd for upd, _ in pairs]
     check_pretrain(cfg)
     if enabled(cfg):  # the pre-training's updater, objective and schedule
         pcfg = pretrain_config(cfg)
