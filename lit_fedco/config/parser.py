@@ -22,6 +22,7 @@ Imports: the standard library, PyYAML and OmegaConf; never torch.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import importlib.resources
 import math
@@ -330,14 +331,12 @@ def merge(schema: DictConfig, layers: list[tuple[str, Any]]) -> DictConfig:
         ConfigError: an unknown key, a value of the wrong type, an interpolation that does not
             resolve, a nested list.
     """
-    cfg = schema
-    for source, layer in layers:
-        try:
-            merged = OmegaConf.merge(cfg, layer)
-        except (OmegaConfBaseException, TypeError, ValueError) as err:
-            raise friendly(err, source, layer, cfg) from None
-        assert isinstance(merged, DictConfig)
-        cfg = merged
+    cfg = copy.deepcopy(schema)  # then each layer merged in place (``OmegaConf.merge`` copies)
+    try:
+        for _, layer in layers:
+            cfg.merge_with(layer)
+    except (OmegaConfBaseException, TypeError, ValueError):
+        cfg = _merge_copying(schema, layers)  # the layer that fails, on a config left whole
     try:
         OmegaConf.resolve(cfg)
     except OmegaConfBaseException as err:
@@ -350,6 +349,24 @@ def merge(schema: DictConfig, layers: list[tuple[str, Any]]) -> DictConfig:
         ) from None
     check_flat_lists(cfg)
     check_numbers(cfg, cfg)
+    return cfg
+
+
+def _merge_copying(schema: DictConfig, layers: list[tuple[str, Any]]) -> DictConfig:
+    """``schema`` ← every layer, each merge on a copy, so that the error of the failing layer is
+    told against the config the layers before it made.
+
+    Raises:
+        ConfigError: from the first layer that does not merge.
+    """
+    cfg = schema
+    for source, layer in layers:
+        try:
+            merged = OmegaConf.merge(cfg, layer)
+        except (OmegaConfBaseException, TypeError, ValueError) as err:
+            raise friendly(err, source, layer, cfg) from None
+        assert isinstance(merged, DictConfig)
+        cfg = merged
     return cfg
 
 
