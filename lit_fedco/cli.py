@@ -69,9 +69,17 @@ def run(
         shown = {str(k): v for k, v in values.items()}
         print(render(recipe, defaults, shown, cmd.help == "all"), end="")
         return []
-    if cfg.jobs > 1 and cfg.sub_run < 0 and not os.environ.get("LIT_FEDCO_RUN_DIR"):
-        _prestart_workers(cmd, cfg)
+    launcher = cfg.jobs > 1 and cfg.sub_run < 0 and not os.environ.get("LIT_FEDCO_RUN_DIR")
+    from lit_fedco.experiment.jobs import can_fork
+
+    if launcher and not can_fork():
+        _prestart_workers(cmd, cfg, fork=False)  # they import torch while this process does
     from lit_fedco.experiment.runner import run_recipe
+
+    if launcher and can_fork():
+        import lit_fedco.experiment.session  # noqa: F401  (what a sub-run imports, once)
+
+        _prestart_workers(cmd, cfg, fork=True)  # before this process runs any torch operation
 
     return run_recipe(recipe, cmd, cfg, columns, callbacks, evaluated_on)
 
@@ -92,9 +100,11 @@ def _list_sub_runs(cmd: Any, cfg: Any) -> list[Any]:
     return []
 
 
-def _prestart_workers(cmd: Any, cfg: Any) -> None:
-    """``jobs=N``: start the worker processes before this one imports torch, so that their
-    start-up overlaps its checks (a run that is then refused ends them with it)."""
+def _prestart_workers(cmd: Any, cfg: Any, fork: bool) -> None:
+    """``jobs=N``: start the worker processes before this one checks the run, so that their
+    start-up overlaps its checks (a run that is then refused ends them with it): forked from
+    this one once it has imported torch (Linux), else started beside it (they import torch while
+    this one does)."""
     from lit_fedco.config.load import variant_configs
     from lit_fedco.experiment.jobs import per_core_limit, prestart
     from lit_fedco.experiment.subruns import sub_runs
@@ -104,4 +114,13 @@ def _prestart_workers(cmd: Any, cfg: Any) -> None:
     except ConfigError:
         return  # refused by the run's own checks, with its line
     if 1 <= cfg.jobs <= per_core_limit():  # else refused by the run's own checks
-        prestart(min(cfg.jobs, count))
+        prestart(min(cfg.jobs, count), _serve_forked if fork else None)
+
+
+def _serve_forked(inp: Any, channel: Any) -> None:
+    """A worker forked from this process: it serves its tasks through :func:`run`; the
+    recipe's script, if the run has one, already ran here."""
+    from lit_fedco.experiment.serving import handle_signals, serve
+
+    handle_signals()
+    serve(inp, channel, run, main_imported=True)

@@ -17,6 +17,8 @@ from pathlib import Path
 import pytest
 
 from lit_fedco.cli import run as main
+from lit_fedco.experiment import serving
+from lit_fedco.experiment.jobs import Forked, can_fork
 from lit_fedco.recipes.comfedl_dro import DEFAULTS
 from tests.helpers import REPO, override
 
@@ -93,6 +95,37 @@ def test_list_sub_runs_with_variants_and_a_pre_training(capsys):
     assert re.search(r"^0\s+v0-fedavg-seed3\s+fedavg\s+3\s+cohort=5$", text, re.M)
     assert re.search(r"^1\s+v1-fedavg-seed3\s+fedavg\s+3\s+cohort=10$", text, re.M)
     assert "v0-pretrain-seed3, v1-pretrain-seed3" in text
+
+
+@pytest.mark.skipif(not can_fork(), reason="workers are forked on Linux only")
+def test_forked_workers_serve_tasks_and_each_ends_when_its_own_input_closes(tmp_path):
+    """A worker forked from the launcher answers its tasks (output to the task's log) and ends
+    with exit code 0 as soon as its input closes, although another worker was forked after it
+    (which must not hold that input open)."""
+
+    def serve(inp, channel):
+        serving.serve(inp, channel, main)
+
+    first, second = Forked(serve), Forked(serve)
+    try:
+        for i, worker in enumerate((first, second)):
+            log = tmp_path / f"{i}.txt"
+            task = {"recipe": "comfedl_dro", "defaults": DEFAULTS, "main": None,
+                    "argv": [*ARGS, "--list-sub-runs"], "log": str(log)}  # fmt: skip
+            assert worker.stdin is not None and worker.stdout is not None
+            worker.stdin.write(json.dumps(task) + "\n")
+            assert json.loads(worker.stdout.readline()) == {"code": 0}
+            assert re.search(r"^3\s+fedavg-seed1\s", log.read_text(), re.M)
+        assert first.stdin is not None
+        first.stdin.close()
+        assert first.wait(timeout=60) == 0
+        assert second.poll() is None
+        second.kill()
+        assert second.wait(timeout=60) == -signal.SIGKILL
+    finally:
+        for worker in (first, second):
+            if worker.poll() is None:
+                worker.kill()
 
 
 def test_jobs_2_gives_the_numbers_and_table_of_jobs_1(tmp_path, reference):
