@@ -20,7 +20,7 @@ from lit_fedco.core.errors import ConfigError
 from lit_fedco.core.version import VERSION
 
 if TYPE_CHECKING:
-    from lit_fedco.cli import run
+    from lit_fedco.cli import main, run
     from lit_fedco.core.protocol import Probe, RoundContext, RoundInfo, StepInfo, Sync
     from lit_fedco.core.server_opt import ServerOptConfig
     from lit_fedco.core.state import (
@@ -50,6 +50,7 @@ __version__ = VERSION
 _LAZY = {
     # the one entry point: a recipe of one's own is run(name, defaults)
     "run": "lit_fedco.cli",
+    "main": "lit_fedco.cli",  # run, then the process ends (a recipe's __main__)
     # the plug-in surface
     "CompositionalUpdater": "lit_fedco.updaters",
     "Hparams": "lit_fedco.updaters",
@@ -100,6 +101,7 @@ __all__ = [
     "available_updaters",
     "combine",
     "get_updater",
+    "main",
     "register",
     "run",
     "tree_axpy",

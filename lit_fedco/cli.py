@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import Any
+from typing import Any, NoReturn
 
 from lit_fedco.config.helptext import render
 from lit_fedco.config.load import load
@@ -82,6 +82,31 @@ def run(
         _prestart_workers(cmd, cfg, fork=True)  # before this process runs any torch operation
 
     return run_recipe(recipe, cmd, cfg, columns, callbacks, evaluated_on)
+
+
+def main(
+    recipe: str,
+    defaults: dict[str, Any],
+    argv: list[str] | None = None,
+    *,
+    columns: list[tuple[str, str]] | None = None,
+    callbacks: list[Any] | None = None,
+    evaluated_on: str = "validation",
+) -> NoReturn:
+    """A recipe's ``__main__``: :func:`run` (the same arguments), then the end of the process,
+    exit code 0. Its exit functions run and its output is flushed, but the interpreter's
+    teardown of torch and the other modules is skipped (about a second); where the script
+    still has threads of its own running, it ends as usual, after them. Bad input and failures
+    end it as :func:`run` does."""
+    import threading
+
+    run(recipe, defaults, argv, columns=columns, callbacks=callbacks, evaluated_on=evaluated_on)
+    others = [t for t in threading.enumerate() if t is not threading.main_thread()]
+    if any(t.is_alive() and not t.daemon for t in others):
+        raise SystemExit(0)
+    from lit_fedco.experiment.jobs import exit_now
+
+    exit_now(0)
 
 
 def _list_sub_runs(cmd: Any, cfg: Any) -> list[Any]:

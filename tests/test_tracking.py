@@ -146,3 +146,63 @@ def test_plain_config():
     cfg = Namespace(a=np.float64(0.5), b=torch.tensor(3), c=(np.int64(2), Path("/x")), d=None)
     assert plain_config(cfg) == {"a": 0.5, "b": 3, "c": [2, "/x"], "d": None}
     assert type(plain_config(np.float64(0.5))) is float
+
+
+SCRIPT = """
+import atexit, sys
+from pathlib import Path
+
+import lit_fedco
+from lit_fedco.recipes.comfedl_dro import DEFAULTS
+
+
+class Unflushed:
+    def on_eval_end(self, *args, **kwargs):
+        sys.stdout.write("[callback: no newline, no flush]")
+
+
+@atexit.register
+def at_exit():
+    Path(sys.argv[-1].partition("=")[2], "atexit.txt").write_text("ran")
+    sys.stdout.write("[at exit: no newline, no flush]")
+
+
+if __name__ == "__main__":
+    lit_fedco.main("comfedl_dro", DEFAULTS, callbacks=[Unflushed()])
+"""
+
+
+def test_a_recipe_run_as_a_program_leaves_its_output_complete(tmp_path, no_credentials):
+    """A script ending through :func:`lit_fedco.main` (as every recipe's ``python -m`` does)
+    skips the interpreter's teardown, yet its exit functions run, what it wrote to a pipe
+    arrives whole, its CSV and JSONL records and its W&B offline run are complete (read back
+    from W&B's own log), and the exit code is 0."""
+    import json
+    import subprocess
+    import sys
+
+    from tests.helpers import REPO
+
+    script = tmp_path / "my_recipe.py"
+    script.write_text(SCRIPT)
+    env = {**os.environ, "WANDB_MODE": "offline", "PYTHONPATH": str(REPO)}
+    argv = ["updaters=[fedavg]", "seeds=[0]", "rounds=6", "eval_every=3", "progress=false",
+            "tracking=[wandb,csv]", "run_name=prog", f"out_dir={tmp_path}"]  # fmt: skip
+    cmd = [sys.executable, str(script), *argv]
+    done = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert "final metrics" in done.stdout and "  results.json\n" in done.stdout
+    assert done.stdout.count("[callback: no newline, no flush]") == 2  # rounds 3 and 6
+    assert (tmp_path / "atexit.txt").read_text() == "ran"
+    assert done.stdout.endswith("[at exit: no newline, no flush]")
+    sub = tmp_path / "comfedl_dro" / "prog" / "fedavg-seed0"
+    lines = [json.loads(x) for x in (sub / "metrics.jsonl").read_text().splitlines()]
+    assert [x["round"] for x in lines if "train/loss" in x][-1] == 6
+    assert len((sub / "metrics.csv").read_text().splitlines()) > 1
+    offline = sorted((tmp_path / "comfedl_dro" / "prog" / "wandb").glob("offline-run-*"))
+    runs = {r["name"]: r for r in (read_wandb_offline_run(d, wait=60) for d in offline)}
+    assert sorted(runs) == ["comfedl_dro-fedavg-seed0", "comfedl_dro-figures"]  # + the figures
+    run = runs["comfedl_dro-fedavg-seed0"]
+    assert run["exit_code"] == 0
+    steps = [h["trainer/global_step"] for h in run["history"] if "train/loss" in h]
+    assert steps[-1] == 6

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from lit_fedco.cli import run
+from lit_fedco.cli import main
 
 DEFAULTS: dict[str, Any] = {
     "updaters": [
@@ -67,4 +67,4 @@ DEFAULTS: dict[str, Any] = {
 }
 
 if __name__ == "__main__":
-    run("comfedl_dro", DEFAULTS)
+    main("comfedl_dro", DEFAULTS)

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from lit_fedco.cli import run
+from lit_fedco.cli import main
 
 DEFAULTS: dict[str, Any] = {
     "updaters": ["comfedl_damaml", "comfedl_maml", "fedmaml", "tr_maml", "ditto", "fedavg"],
@@ -67,4 +67,4 @@ COLUMNS = [
 ]
 
 if __name__ == "__main__":
-    run("comfedl_maml", DEFAULTS, columns=COLUMNS)
+    main("comfedl_maml", DEFAULTS, columns=COLUMNS)

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from lit_fedco.cli import run
+from lit_fedco.cli import main
 
 COLUMNS = [
     ("val/acc_avg", "val avg acc"),
@@ -70,4 +70,4 @@ DEFAULTS: dict[str, Any] = {
 }
 
 if __name__ == "__main__":
-    run("ds_feddro", DEFAULTS, columns=COLUMNS)
+    main("ds_feddro", DEFAULTS, columns=COLUMNS)

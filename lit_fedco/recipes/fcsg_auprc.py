@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from lit_fedco.cli import run
+from lit_fedco.cli import main
 
 DEFAULTS: dict[str, Any] = {
     "updaters": ["fedavg", "coda_plus", "fcsg", "fcsg_m", "acc_fcsg_m"],
@@ -63,4 +63,4 @@ COLUMNS = [
 ]
 
 if __name__ == "__main__":
-    run("fcsg_auprc", DEFAULTS, columns=COLUMNS, evaluated_on="test")
+    main("fcsg_auprc", DEFAULTS, columns=COLUMNS, evaluated_on="test")

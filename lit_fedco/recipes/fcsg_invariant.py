@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from lit_fedco.cli import run
+from lit_fedco.cli import main
 
 RATIOS = (1.0, 1.5, 2.0)  # σ₂/σ₁ with σ₁ = 1
 INNER = (1, 10, 100)  # m
@@ -54,4 +54,4 @@ COLUMNS = [
 ]
 
 if __name__ == "__main__":
-    run("fcsg_invariant", DEFAULTS, columns=COLUMNS, evaluated_on="test")
+    main("fcsg_invariant", DEFAULTS, columns=COLUMNS, evaluated_on="test")

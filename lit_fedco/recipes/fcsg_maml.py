@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from lit_fedco.cli import run
+from lit_fedco.cli import main
 
 DEFAULTS: dict[str, Any] = {
     "updaters": ["fedavg", "local_scgd", "local_scgdm", "fcsg", "fcsg_m", "acc_fcsg_m"],
@@ -66,4 +66,4 @@ COLUMNS = [
 ]
 
 if __name__ == "__main__":
-    run("fcsg_maml", DEFAULTS, columns=COLUMNS)
+    main("fcsg_maml", DEFAULTS, columns=COLUMNS)

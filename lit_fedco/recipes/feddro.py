@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from lit_fedco.cli import run
+from lit_fedco.cli import main
 from lit_fedco.recipes.ds_feddro import COLUMNS
 from lit_fedco.recipes.ds_feddro import DEFAULTS as DS_DEFAULTS
 
@@ -28,4 +28,4 @@ DEFAULTS: dict[str, Any] = {
 }
 
 if __name__ == "__main__":
-    run("feddro", DEFAULTS, columns=COLUMNS)
+    main("feddro", DEFAULTS, columns=COLUMNS)

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from lit_fedco.cli import run
+from lit_fedco.cli import main
 
 COLUMNS = [
     ("val/acc_pooled", "test acc"),
@@ -63,4 +63,4 @@ DEFAULTS: dict[str, Any] = {
 }
 
 if __name__ == "__main__":
-    run("feddro_fairness", DEFAULTS, columns=COLUMNS, evaluated_on="test")
+    main("feddro_fairness", DEFAULTS, columns=COLUMNS, evaluated_on="test")
