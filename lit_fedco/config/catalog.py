@@ -121,9 +121,21 @@ def _committed_classes() -> tuple[type, list[tuple[str, type]]]:
 def typed_schema(catalog: dict[str, Any] | None = None) -> DictConfig:
     """The typed schema of ``catalog`` (default :func:`current`): the run's keys, one node per
     updater and problem, with their types, defaults and frozenness, struct-mode (an unknown
-    key is an error). It mirrors :func:`lit_fedco.config.fields.schema` (tested)."""
+    key is an error). It mirrors :func:`lit_fedco.config.fields.schema` (tested). The committed
+    catalog's is built once and shared: read it, or merge into a copy
+    (:func:`lit_fedco.config.parser.merge` does)."""
     catalog = current() if catalog is None else catalog
-    run, sections = _committed_classes() if catalog is load() else _classes(catalog)
+    if catalog is load():
+        return _committed_schema()
+    return _build(*_classes(catalog))
+
+
+@cache
+def _committed_schema() -> DictConfig:
+    return _build(*_committed_classes())
+
+
+def _build(run: type, sections: list[tuple[str, type]]) -> DictConfig:
     cfg = OmegaConf.structured(run)
     OmegaConf.set_struct(cfg, False)
     for name, cls in sections:
