@@ -18,7 +18,7 @@ import torch
 from lit_fedco.core.seeding import sample_cohort
 from lit_fedco.core.state import flatten
 from lit_fedco.engine.comm import Comm
-from lit_fedco.engine.store import ClientStore, owned_clients
+from lit_fedco.engine.store import ClientStore, _to_client_order, owned_clients
 from lit_fedco.experiment import checkpoint as ckpt
 from tests.helpers import REPO, free_port, run_recipe, the_run
 
@@ -79,7 +79,8 @@ class _GatherComm(Comm):
         if self.rank == 1:
             self.sent.append(buf.clone())
             return None
-        return torch.stack([buf, *self.sent])
+        self.got = torch.stack([buf, *self.sent])
+        return self.got
 
 
 def test_a_checkpoint_gathers_every_clients_rows_on_process_0_alone():
@@ -97,19 +98,42 @@ def test_a_checkpoint_gathers_every_clients_rows_on_process_0_alone():
     assert stores[1].gather(_GatherComm(1, sent)) is None
     assert sent[0].shape == (3, 7) and sent[0].dtype == torch.float64
     assert sent[0][2].abs().sum() == 0  # the padding row
-    full = stores[0].gather(_GatherComm(0, sent))
+    first = _GatherComm(0, sent)
+    full = stores[0].gather(first)
     assert full["c"]["w"].shape == (5, 2, 2) and full["d"].shape == (5, 3)
     assert full["c"]["w"][:, 0, 0].tolist() == [0.0, 1.0, 2.0, 3.0, 4.0]
     assert full["d"][:, 2].tolist() == [0.0, 10.0, 20.0, 30.0, 40.0]
+    # reordered in place: the result is the gathered rows themselves, held once
+    for leaf in (full["c"]["w"], full["d"]):
+        assert leaf.untyped_storage().data_ptr() == first.got.untyped_storage().data_ptr()
     again = ClientStore(initial, 5, 1, 2)
     again.load(full)
     assert again.rows["d"][:, 0].tolist() == [10.0, 30.0]
+    whole = ClientStore(initial, 5)  # one process resuming it: its own contiguous rows
+    whole.load(full)
+    assert whole.rows["d"].is_contiguous() and whole.rows["d"][:, 0].tolist() == [0, 10, 20, 30, 40]
     # one client, two processes: process 1 owns none and sends a row of padding
     lone = [ClientStore(initial, 1, rank, 2) for rank in (0, 1)]
     lone[0].rows["d"] = torch.full((1, 3), 7.0)
     sent = []
     assert lone[1].gather(_GatherComm(1, sent)) is None and sent[0].shape == (1, 7)
     assert lone[0].gather(_GatherComm(0, sent))["d"].tolist() == [[7.0, 7.0, 7.0]]
+
+
+@pytest.mark.parametrize("world", [2, 3, 4, 7])
+def test_gathered_rows_are_put_in_client_order_in_place(world):
+    """Every K with N processes (cap = ceil(K/N) rows each, the last ones padding): process r's
+    j-th row is client j·N + r; after the in-place transposition row k is client k's, and the
+    padding comes last."""
+    for k in (1, 2, 5, 11, 97, 400):
+        cap = -(-k // world)
+        got = torch.full((world, cap, 3), -1.0)
+        for c in range(k):
+            got[c % world, c // world] = float(c)
+        out = _to_client_order(got)
+        assert out.data_ptr() == got.data_ptr()
+        assert out[:k, 0].tolist() == [float(c) for c in range(k)]
+        assert (out[k:] == -1.0).all()
 
 
 def _empty_rounds(seeds: list[int]) -> int:

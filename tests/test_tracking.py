@@ -185,7 +185,8 @@ def test_a_recipe_run_as_a_program_leaves_its_output_complete(tmp_path, no_crede
 
     script = tmp_path / "my_recipe.py"
     script.write_text(SCRIPT)
-    env = {**os.environ, "WANDB_MODE": "offline", "PYTHONPATH": str(REPO)}
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}  # stdout buffered
+    env.update(WANDB_MODE="offline", PYTHONPATH=str(REPO))
     argv = ["updaters=[fedavg]", "seeds=[0]", "rounds=6", "eval_every=3", "progress=false",
             "tracking=[wandb,csv]", "run_name=prog", f"out_dir={tmp_path}"]  # fmt: skip
     cmd = [sys.executable, str(script), *argv]

@@ -39,8 +39,8 @@ class Comm:
 
     def gather_to_first(self, buf: Tensor) -> Tensor | None:
         """Every process's ``buf`` (the same shape on all), stacked in process order
-        (``[N, *buf.shape]``), on process 0 (one collective); None on the others, which send
-        theirs and receive nothing."""
+        (``[N, *buf.shape]``), on process 0; None on the others, which send theirs and receive
+        nothing. Every process must call it."""
         raise NotImplementedError
 
     def carry(self, values: Tensor) -> None:
@@ -108,7 +108,13 @@ class FabricComm(Comm):
             return buf.unsqueeze(0)
         import torch.distributed as dist  # Fabric's process group (it has no gather of its own)
 
-        first = self.fabric.global_rank == 0
-        out = buf.new_empty(world, *buf.shape) if first else None
-        dist.gather(buf.contiguous(), list(out.unbind(0)) if out is not None else None, dst=0)
+        if self.fabric.global_rank != 0:
+            dist.send(buf.contiguous(), dst=0)
+            return None
+        # received row block by row block straight into the result: gloo's gather would stage
+        # all N blocks in a buffer of its own first, doubling process 0's memory for them
+        out = buf.new_empty(world, *buf.shape)
+        out[0].copy_(buf)
+        for rank in range(1, world):
+            dist.recv(out[rank], src=rank)
         return out

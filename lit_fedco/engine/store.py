@@ -7,7 +7,7 @@ evaluates it), so that N processes hold K/N rows each instead of K. A round of a
 keeps state runs every cohort client on its owner (:func:`owned_clients`); the round reads the
 rows of the process's cohort clients at the start and writes back, in place, the rows of those
 that finished it at the end. A checkpoint gathers every client's rows on process 0, which
-writes it (:meth:`ClientStore.gather`, one collective; the other processes never hold more
+writes it (:meth:`ClientStore.gather`; the other processes never hold more
 than their own rows), and a resumed process takes back its own (:meth:`ClientStore.load`).
 """
 
@@ -89,10 +89,11 @@ class ClientStore:
 
     def gather(self, comm: Comm) -> State | None:
         """Every client's rows (``[K, ...]``, in client order, in the summing dtype of ``comm``)
-        on process 0, the one that writes checkpoints; None on the other processes. One
-        collective: each process sends its rows as one ``[ceil(K/N), R]`` buffer (R floats per
-        client, padded with rows of zeros), and only process 0 holds all K rows. Every process
-        must call it."""
+        on process 0, the one that writes checkpoints; None on the other processes. Each
+        process sends its rows as one ``[ceil(K/N), R]`` block (R floats per client, padded with
+        rows of zeros); only process 0 holds all K rows, once: received into place
+        (:meth:`~lit_fedco.engine.comm.Comm.gather_to_first`) and put in client order in place,
+        the leaves returned are views of them. Every process must call it."""
         if self.world == 1 or not self.rows:
             return self.rows
         leaves, spec = pytree.tree_flatten(self.rows)
@@ -104,23 +105,49 @@ class ClientStore:
             buf[:n, at : at + w] = v.reshape(n, w)
             at += w
         got = comm.gather_to_first(buf)  # [N, cap, R] on process 0
-        del buf  # process 0 then holds the gathered rows and the result, no third copy
+        del buf
         if got is None:
             return None
-        k = torch.arange(self.num_clients, device=got.device)  # client k: row k // N of k mod N
-        full = got.view(-1, got.shape[-1])[(k % self.world) * cap + k // self.world]
+        full = _to_client_order(got)[: self.num_clients]
         cols = full.split(width, 1)
         out = [c.reshape(self.num_clients, *v.shape[1:]) for c, v in zip(cols, leaves, strict=True)]
-        return pytree.tree_unflatten(out, spec)
+        return pytree.tree_unflatten(out, spec)  # views of the gathered rows: no second copy
 
     def load(self, rows: State) -> None:
         """Take this process's rows from every client's ``rows`` (``[K, ...]``, a checkpoint's)."""
         owned = self.owned
 
-        def mine(v: Any) -> Any:
-            return v if self.world == 1 else v[owned.to(v.device)].clone()
+        def mine(v: Any) -> Any:  # (a checkpoint of N processes holds views: contiguous here)
+            return v.contiguous() if self.world == 1 else v[owned.to(v.device)].clone()
 
         self.rows = {key: tree_map(mine, t) for key, t in rows.items()}
+
+
+def _to_client_order(got: Tensor) -> Tensor:
+    """The rows of a gather, ``[N, cap, R]`` (process r's j-th row is client ``j·N + r``), as
+    ``[cap·N, R]`` in client order, in place: the transposition of an N × cap grid of rows,
+    cycle by cycle with one row aside, so that a checkpoint holds the clients' rows once (a
+    reordering copy would hold them twice). Rows past K are the padding."""
+    world, cap, _ = got.shape
+    flat = got.view(world * cap, -1)
+    size = world * cap
+    done = bytearray(size)
+    for start in range(size):
+        if done[start]:
+            continue
+        done[start] = 1
+        # position p (client p) takes the row that stood at q = (p mod N)·cap + p div N
+        src = (start % world) * cap + start // world
+        if src == start:
+            continue
+        aside = flat[start].clone()
+        p = start
+        while src != start:
+            flat[p].copy_(flat[src])
+            done[src] = 1
+            p, src = src, (src % world) * cap + src // world
+        flat[p].copy_(aside)
+    return flat
 
 
 def kept_keys(updater: CompositionalUpdater) -> list[str]:
