@@ -142,6 +142,30 @@ def test_jobs_2_gives_the_numbers_and_table_of_jobs_1(tmp_path, reference):
     assert "sub-run 2 (comfedl-seed1) of" in (run_dir / "logs" / "sub_run-2.txt").read_text()
 
 
+def test_jobs_2_without_a_run_name_and_sub_runs_with_another_spelling_of_out_dir(
+    tmp_path, reference, monkeypatch
+):
+    """The plainest command line, ``jobs=2`` alone: the run is named by its start time
+    (``run_name`` is '' in its ``config.yaml``, the name in its workers' command lines), and
+    every sub-run completes. A sub-run given the same folder through a relative ``out_dir``
+    joins it too: the folder is what makes it the same run."""
+    code, out, err = finish(launch(tmp_path, "jobs=2"))
+    assert code == 0, err
+    (run_dir,) = (tmp_path / "comfedl_dro").iterdir()
+    assert numbers(run_dir) == reference[0]
+    assert (run_dir / "table.txt").read_text() == reference[1]
+    assert len(re.findall(r"\[\d/4\] \S+: complete", out)) == 4
+    argv = override([*ARGS, "out_dir=runs"], ["run_name=rel", "sub_run=0"])
+    code, _, err = finish(subprocess.Popen(  # out_dir relative to its working folder
+        [sys.executable, "-m", "lit_fedco.recipes.comfedl_dro", *argv], cwd=tmp_path,
+        env={**os.environ, "WANDB_MODE": "disabled", "PYTHONPATH": str(REPO)}, text=True,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE))  # fmt: skip
+    assert code == 0, err
+    code, _, err = finish(launch(tmp_path / "runs", "run_name=rel", "sub_run=1"))
+    assert code == 0, err
+    assert (tmp_path / "runs" / "comfedl_dro" / "rel" / "fedavg-seed0" / "status.json").is_file()
+
+
 def test_a_killed_sub_run_continues_alone_then_the_run_writes_its_table(tmp_path, reference):
     proc = launch(tmp_path, "run_name=k", "jobs=2")
     run_dir = tmp_path / "comfedl_dro" / "k"

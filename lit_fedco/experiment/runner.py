@@ -593,7 +593,9 @@ def _check_same_run(cfg: DictConfig, run_dir: Path) -> None:
         return
     if not isinstance(before, dict):
         return
-    free = {*RESUMABLE_CHANGES, "resume"}
+    # where the run lives is the folder itself: a run named by its start time has run_name ''
+    # in config.yaml and its sub-runs the name; out_dir may be spelt relative or absolute
+    free = {*RESUMABLE_CHANGES, "resume", "run_name", "out_dir"}
     theirs, mine = flat_keys(before), flat_keys(_whole_run(cfg))
     for key in sorted(set(theirs) | set(mine)):
         if key.split(".")[0] in free or theirs.get(key) == mine.get(key):
