@@ -213,3 +213,21 @@ def test_one_process_at_a_time_holds_a_run_and_a_killed_one_does_not_block_it(tm
     _, err = third.communicate(timeout=120)
     assert third.returncode == 128 + signal.SIGTERM, err[-2000:]
     assert "stopped by SIGTERM" in err
+
+
+def test_a_reader_that_stops_early_costs_the_run_nothing(tmp_path):
+    """``... | head -1``: the reader leaves after the first line; the run still ends with exit
+    code 0 and writes its results, table and figures (they are written before the table is
+    printed, and the output is dropped once its reader has gone)."""
+    env = {**os.environ, "WANDB_MODE": "disabled"}
+    args = [sys.executable, "-m", "lit_fedco.recipes.comfedl_dro",
+            *override([*ARGS, f"out_dir={tmp_path}"], ["rounds=5", "run_name=head"])]  # fmt: skip
+    proc = subprocess.Popen(args, env=env, cwd=REPO, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE)  # fmt: skip
+    assert proc.stdout is not None and proc.stdout.readline()
+    proc.stdout.close()  # as head does
+    _, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, err.decode()
+    run_dir = tmp_path / "comfedl_dro" / "head"
+    assert json.loads((run_dir / "results.json").read_text())["results"]["comfedl"]
+    assert (run_dir / "table.txt").is_file() and (run_dir / "figures" / "curves.png").is_file()

@@ -218,6 +218,10 @@ def run_tasks(
     stopping = 0
     try:
         while any(w.task is not None for w in workers) or (todo and not stopping):
+            if not stopping and (stopping := stop()):  # before any new task is handed out
+                for other in workers:
+                    if other.task is not None:
+                        other.proc.send_signal(stopping)
             for w in workers:
                 if w.task is None and todo and not stopping:
                     w.task = todo.pop(0)
@@ -230,9 +234,6 @@ def run_tasks(
             busy = [w for w in workers if w.task is not None]
             found = _next_answer(busy)
             if found is None:
-                if not stopping and (stopping := stop()):
-                    for other in busy:
-                        other.proc.send_signal(stopping)
                 continue
             w = found
             assert w.task is not None

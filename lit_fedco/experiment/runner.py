@@ -638,8 +638,9 @@ def _run_jobs(
     main = sys.modules.get("__main__")
     ours = importlib.util.find_spec(f"lit_fedco.recipes.{recipe}") is not None
     main_path = None if ours else getattr(main, "__file__", None)
-    print(f"lit_fedco: {len(tasks)} sub-runs, {cfg.jobs} at a time ({threads} thread(s) each); "
-          f"their output goes to {run_dir / 'logs'}", flush=True)  # fmt: skip
+    if tasks:  # else every sub-run is complete (a resumed run): its table follows
+        print(f"lit_fedco: {len(tasks)} sub-runs, {cfg.jobs} at a time ({threads} thread(s) "
+              f"each); their output goes to {run_dir / 'logs'}", flush=True)  # fmt: skip
 
     def report(task: Task, code: int, finished: int, total: int) -> None:
         took = time.perf_counter() - task.started
@@ -749,7 +750,6 @@ def _run(
     if rank0:
         table = format_table(table_rows, columns)
         title = f"{recipe}: final metrics per method ({evaluated_on}, mean over clients)"
-        print(f"\n{title}\n{table}")
         results = {
             "recipe": recipe,
             "config": OmegaConf.to_container(cfg, resolve=True),
@@ -760,17 +760,28 @@ def _run(
             **({"branched_from": plan.branch} if plan.branch else {}),
         }
         faults.point("before_results")
-        try:
+        try:  # written before the table is printed: a reader that stops early (| head) costs none
             write_json(run_dir / "results.json", results)
             write_text(run_dir / "table.txt", f"{title}\n{table}\n")
         except OSError as err:  # atomic writes: no earlier file is damaged
             why = err.strerror or err
+            print(f"\n{title}\n{table}")
             print(f"lit_fedco: cannot write the results to {run_dir} ({why}); the table is "
                   "above and the checkpoints hold the run", file=sys.stderr)  # fmt: skip
             raise SystemExit(1) from None
+        _say(f"\n{title}\n{table}")
         _figures(cfg, run_dir, recipe)
-        print(f"\n{contents(run_dir)}")
+        _say(f"\n{contents(run_dir)}")
     return table_rows
+
+
+def _say(text: str) -> None:
+    """Print ``text`` once the run's results are written: a reader that has gone (``| head``)
+    no longer wants it, and the figures are still drawn."""
+    try:
+        print(text, flush=True)
+    except BrokenPipeError:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
 
 
 def _branch_start(plan: Plan, folder: str, run_dir: Path) -> dict[str, Any]:
