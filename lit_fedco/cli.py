@@ -72,11 +72,12 @@ def run(
     launcher = cfg.jobs > 1 and cfg.sub_run < 0 and not os.environ.get("LIT_FEDCO_RUN_DIR")
     from lit_fedco.experiment.jobs import can_fork
 
-    if launcher and not can_fork():
+    fork = launcher and can_fork() and _only_our_code(cfg)
+    if launcher and not fork:
         _prestart_workers(cmd, cfg, fork=False)  # they import torch while this process does
     from lit_fedco.experiment.runner import run_recipe
 
-    if launcher and can_fork():
+    if fork:
         import lit_fedco.experiment.session  # noqa: F401  (what a sub-run imports, once)
 
         _prestart_workers(cmd, cfg, fork=True)  # before this process runs any torch operation
@@ -123,6 +124,18 @@ def _list_sub_runs(cmd: Any, cfg: Any) -> list[Any]:
     except BrokenPipeError:  # `| head`: the reader has what it wanted
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
     return []
+
+
+def _only_our_code(cfg: Any) -> bool:
+    """Whether only lit_fedco's own code has run in this process: the program is one of its
+    recipes (``python -m lit_fedco.recipes.NAME``) and the run names no module of the user's
+    own (``plugins``). Then no torch operation has run yet, and ``jobs=N`` may fork its workers
+    from this process once torch is imported: a fork after torch's thread pool has started can
+    hang the child's first parallel operation (GNU OpenMP), and a script or module of one's own
+    may have computed at import."""
+    spec = getattr(sys.modules.get("__main__"), "__spec__", None)
+    name = str(getattr(spec, "name", "") or "")
+    return name.startswith("lit_fedco.recipes.") and not list(cfg.plugins)
 
 
 def _prestart_workers(cmd: Any, cfg: Any, fork: bool) -> None:

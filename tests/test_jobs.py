@@ -128,6 +128,35 @@ def test_forked_workers_serve_tasks_and_each_ends_when_its_own_input_closes(tmp_
                 worker.kill()
 
 
+@pytest.mark.skipif(not can_fork(), reason="workers are forked on Linux only")
+@pytest.mark.parametrize("own_module", [False, True])
+def test_workers_are_forked_only_where_nothing_but_lit_fedcos_code_ran(tmp_path, own_module):
+    """A recipe alone: the workers are forks of the launcher (its command line). With a module
+    of one's own (``plugins``, which may have computed with torch at import, and a fork after
+    torch's thread pool started hangs): fresh ``python -m lit_fedco.worker`` processes."""
+    (tmp_path / "my_noop.py").write_text(
+        "import torch\n\nNOISE = torch.randn(300, 300) @ torch.randn(300, 300)\n"
+    )
+    extra = ["plugins=[my_noop]"] if own_module else []
+    env = {**os.environ, "WANDB_MODE": "disabled",
+           "PYTHONPATH": os.pathsep.join([str(tmp_path), str(REPO)])}  # fmt: skip
+    proc = subprocess.Popen(recipe(tmp_path, "run_name=w", "jobs=2", "rounds=4000", *extra),
+                            cwd=REPO, env=env, text=True, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE)  # fmt: skip
+    try:
+        deadline, lines = time.monotonic() + 120, []
+        while len(lines) < 2 and time.monotonic() < deadline and proc.poll() is None:
+            found = subprocess.run(["pgrep", "-P", str(proc.pid)], capture_output=True, text=True)
+            lines = [Path(f"/proc/{pid}/cmdline").read_bytes() for pid in found.stdout.split()]
+            time.sleep(0.2)
+        assert len(lines) == 2, proc.communicate(timeout=60)
+        expected = b"lit_fedco.worker" if own_module else b"lit_fedco.recipes.comfedl_dro"
+        assert all(expected in line for line in lines), lines
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        finish(proc)
+
+
 def test_jobs_2_gives_the_numbers_and_table_of_jobs_1(tmp_path, reference):
     code, out, err = finish(launch(tmp_path, "run_name=two", "jobs=2"))
     assert code == 0, err

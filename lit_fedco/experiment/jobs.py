@@ -1,7 +1,8 @@
 """``jobs=N``: a run's sub-runs N at a time, each in a process of its own on its own core(s).
 
 The launching process checks the run, creates its folder and writes ``config.yaml``; then it
-keeps N worker processes busy (``python -m lit_fedco.worker``, each importing torch once),
+keeps N worker processes busy (on Linux forked from it once it has imported torch,
+:class:`Forked`; elsewhere ``python -m lit_fedco.worker``, each importing torch once),
 handing each one sub-run at a time: the recipe's own command line with
 ``sub_run=INDEX resume=auto jobs=1`` (:func:`lit_fedco.cli.run`), its output in
 ``<run>/logs/sub_run-INDEX.txt``. A worker that dies (``kill -9``, out of memory) is replaced and
@@ -9,8 +10,8 @@ its sub-run reported as failed: it resumes alone with ``sub_run=INDEX resume=aut
 sub-run is complete, the launcher writes the one table, results and figures, exactly as
 ``jobs=1`` would (the same numbers: a sub-run is a function of its config and seed).
 
-A worker (:mod:`lit_fedco.worker`) reads one JSON line per task on stdin and answers one JSON
-line on stdout.
+A worker (:mod:`lit_fedco.experiment.serving`) reads one JSON line per task and answers one
+JSON line on a pipe of its own.
 """
 
 from __future__ import annotations
@@ -84,10 +85,12 @@ class Forked:
     :func:`run_tasks` uses (``stdin``, ``stdout``, ``pid``, ``poll``, ``wait``, ``send_signal``,
     ``kill``).
 
-    The fork happens before this process has run any torch operation (:func:`prestart`, right
-    after the imports), so the child starts with torch, Lightning and the recipe imported and no
-    thread pool of torch's begun: it costs milliseconds where a fresh interpreter spends seconds
-    importing (on a 2-core machine, two workers importing beside the launcher took 7 s).
+    Only before this process has run any torch operation (:func:`prestart`, right after the
+    imports; :func:`lit_fedco.cli.run` forks only where nothing but lit_fedco's code ran): a
+    child forked after torch's intra-op thread pool started hangs in its first parallel
+    operation (GNU OpenMP keeps the pool's state, not its threads). Then the child starts with
+    torch, Lightning and the recipe imported: milliseconds, where a fresh interpreter spends
+    seconds importing (on a 2-core machine, two workers importing beside the launcher took 7 s).
     """
 
     def __init__(self, serve: Serve) -> None:
