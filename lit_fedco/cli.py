@@ -85,23 +85,16 @@ def run(
     return run_recipe(recipe, cmd, cfg, columns, callbacks, evaluated_on)
 
 
-def main(
-    recipe: str,
-    defaults: dict[str, Any],
-    argv: list[str] | None = None,
-    *,
-    columns: list[tuple[str, str]] | None = None,
-    callbacks: list[Any] | None = None,
-    evaluated_on: str = "validation",
-) -> NoReturn:
-    """A recipe's ``__main__``: :func:`run` (the same arguments), then the end of the process,
-    exit code 0. Its exit functions run and its output is flushed, but the interpreter's
-    teardown of torch and the other modules is skipped (about a second); where the script
-    still has threads of its own running, it ends as usual, after them. Bad input and failures
-    end it as :func:`run` does."""
+def main(recipe: str, defaults: dict[str, Any], **options: Any) -> NoReturn:
+    """A recipe's ``__main__``: :func:`run` (the same arguments: ``argv``, ``columns``,
+    ``callbacks``, ``evaluated_on``), then the end of the process, exit code 0. Its exit
+    functions run and its output is flushed, but the interpreter's teardown of torch and the
+    other modules is skipped (one to two seconds); where the script still has threads of its
+    own running, it ends as usual, after them. Bad input and failures end it as :func:`run`
+    does."""
     import threading
 
-    run(recipe, defaults, argv, columns=columns, callbacks=callbacks, evaluated_on=evaluated_on)
+    run(recipe, defaults, **options)
     others = [t for t in threading.enumerate() if t is not threading.main_thread()]
     if any(t.is_alive() and not t.daemon for t in others):
         raise SystemExit(0)
