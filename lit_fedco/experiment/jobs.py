@@ -23,6 +23,7 @@ import signal
 import subprocess
 import sys
 import time
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -98,7 +99,9 @@ class Forked:
         answer_r, answer_w = os.pipe()
         sys.stdout.flush()
         sys.stderr.flush()
-        pid = os.fork()
+        with warnings.catch_warnings():  # Python >= 3.12 warns of any thread (BLAS's idle pool)
+            warnings.filterwarnings("ignore", "This process .* multi-threaded", DeprecationWarning)
+            pid = os.fork()
         if pid == 0:  # the worker; it never returns into the launcher's code
             os.close(task_w)
             os.close(answer_r)
