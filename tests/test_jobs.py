@@ -291,3 +291,30 @@ def test_a_sub_run_with_another_command_line_is_refused(tmp_path):
     run = tmp_path / "comfedl_dro" / "mix"
     assert not (run / "fedavg-seed0").exists()
     assert sorted(p.name for p in run.glob(".lock-*")) == [".lock-comfedl-seed0"]  # sub-run 0's
+
+
+def test_jobs_2_workers_track_their_sub_runs_in_wandb(tmp_path):
+    """Forked workers start W&B's own service themselves: every sub-run's offline run is
+    complete (read back from W&B's log: its name, exit code and every logged round), beside the
+    launcher's run of the figures."""
+    from lit_fedco.report.tracking import read_wandb_offline_run
+
+    home = tmp_path / "home"
+    home.mkdir()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("WANDB_")}
+    env.update(WANDB_MODE="offline", HOME=str(home))
+    extra = ["run_name=wb", "jobs=2", "rounds=6", "eval_every=3", "tracking=[wandb,csv]"]
+    argv = override([*ARGS, f"out_dir={tmp_path}"], extra)
+    proc = subprocess.Popen([sys.executable, "-m", "lit_fedco.recipes.comfedl_dro", *argv],
+                            cwd=REPO, env=env, text=True, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE)  # fmt: skip
+    code, _, err = finish(proc)
+    assert code == 0, err
+    offline = sorted((tmp_path / "comfedl_dro" / "wb" / "wandb").glob("offline-run-*"))
+    runs = {r["name"]: r for r in (read_wandb_offline_run(d, wait=60) for d in offline)}
+    folders = ["comfedl-seed0", "fedavg-seed0", "comfedl-seed1", "fedavg-seed1"]
+    assert sorted(runs) == sorted([f"comfedl_dro-{f}" for f in folders] + ["comfedl_dro-figures"])
+    for folder in folders:
+        run = runs[f"comfedl_dro-{folder}"]
+        steps = [h["trainer/global_step"] for h in run["history"] if "train/loss" in h]
+        assert run["exit_code"] == 0 and steps == [1, 2, 3, 4, 5, 6]
