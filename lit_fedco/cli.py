@@ -94,6 +94,7 @@ def main(recipe: str, defaults: dict[str, Any], **options: Any) -> NoReturn:
     does."""
     import threading
 
+    sys.stdout = _ReaderMayLeave(sys.stdout)
     run(recipe, defaults, **options)
     others = [t for t in threading.enumerate() if t is not threading.main_thread()]
     if any(t.is_alive() and not t.daemon for t in others):
@@ -101,6 +102,33 @@ def main(recipe: str, defaults: dict[str, Any], **options: Any) -> NoReturn:
     from lit_fedco.experiment.jobs import exit_now
 
     exit_now(0)
+
+
+class _ReaderMayLeave:
+    """A program's stdout whose reader may leave early (``... | head``): from then on the output
+    is dropped instead of the run ending with a ``BrokenPipeError`` wherever it next prints."""
+
+    def __init__(self, stream: Any) -> None:
+        self._stream = stream
+
+    def write(self, text: str) -> int:
+        try:
+            return int(self._stream.write(text))
+        except BrokenPipeError:
+            self._drop()
+            return len(text)
+
+    def flush(self) -> None:
+        try:
+            self._stream.flush()
+        except BrokenPipeError:
+            self._drop()
+
+    def _drop(self) -> None:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), self._stream.fileno())
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
 
 
 def _list_sub_runs(cmd: Any, cfg: Any) -> list[Any]:

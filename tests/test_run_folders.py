@@ -216,16 +216,16 @@ def test_one_process_at_a_time_holds_a_run_and_a_killed_one_does_not_block_it(tm
 
 
 def test_a_reader_that_stops_early_costs_the_run_nothing(tmp_path):
-    """``... | head -1``: the reader leaves after the first line; the run still ends with exit
-    code 0 and writes its results, table and figures (they are written before the table is
-    printed, and the output is dropped once its reader has gone)."""
+    """``... | head -1``: the reader leaves after the first line, whatever the run prints next
+    (the partition's statistics, the table); the run still ends with exit code 0 and writes its
+    results, table and figures (the output is dropped once its reader has gone)."""
     env = {**os.environ, "WANDB_MODE": "disabled"}
     args = [sys.executable, "-m", "lit_fedco.recipes.comfedl_dro",
             *override([*ARGS, f"out_dir={tmp_path}"], ["rounds=5", "run_name=head"])]  # fmt: skip
     proc = subprocess.Popen(args, env=env, cwd=REPO, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE)  # fmt: skip
     assert proc.stdout is not None and proc.stdout.readline()
-    proc.stdout.close()  # as head does
+    proc.stdout.close()  # as head does: the run has printed one line or a few by now
     _, err = proc.communicate(timeout=300)
     assert proc.returncode == 0, err.decode()
     run_dir = tmp_path / "comfedl_dro" / "head"

@@ -760,7 +760,7 @@ def _run(
             **({"branched_from": plan.branch} if plan.branch else {}),
         }
         faults.point("before_results")
-        try:  # written before the table is printed: a reader that stops early (| head) costs none
+        try:  # written before the table is printed
             write_json(run_dir / "results.json", results)
             write_text(run_dir / "table.txt", f"{title}\n{table}\n")
         except OSError as err:  # atomic writes: no earlier file is damaged
@@ -769,19 +769,10 @@ def _run(
             print(f"lit_fedco: cannot write the results to {run_dir} ({why}); the table is "
                   "above and the checkpoints hold the run", file=sys.stderr)  # fmt: skip
             raise SystemExit(1) from None
-        _say(f"\n{title}\n{table}")
+        print(f"\n{title}\n{table}")
         _figures(cfg, run_dir, recipe)
-        _say(f"\n{contents(run_dir)}")
+        print(f"\n{contents(run_dir)}")
     return table_rows
-
-
-def _say(text: str) -> None:
-    """Print ``text`` once the run's results are written: a reader that has gone (``| head``)
-    no longer wants it, and the figures are still drawn."""
-    try:
-        print(text, flush=True)
-    except BrokenPipeError:
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
 
 
 def _branch_start(plan: Plan, folder: str, run_dir: Path) -> dict[str, Any]:
