@@ -125,10 +125,15 @@ class _ReaderMayLeave:
             self._drop()
 
     def _drop(self) -> None:
-        os.dup2(os.open(os.devnull, os.O_WRONLY), self._stream.fileno())
+        _reader_gone()
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._stream, name)
+
+
+def _reader_gone() -> None:
+    """The reader of stdout has gone (``| head``): what is printed from now on goes nowhere."""
+    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
 
 
 def _list_sub_runs(cmd: Any, cfg: Any) -> list[Any]:
@@ -143,7 +148,7 @@ def _list_sub_runs(cmd: Any, cfg: Any) -> list[Any]:
     try:
         print(listing(configs, list(cfg.seeds) or [cfg.seed]), flush=True)
     except BrokenPipeError:  # `| head`: the reader has what it wanted
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        _reader_gone()
     return []
 
 
@@ -173,10 +178,10 @@ def _prestart_workers(cmd: Any, cfg: Any, fork: bool) -> None:
     except ConfigError:
         return  # refused by the run's own checks, with its line
     if 1 <= cfg.jobs <= per_core_limit():  # else refused by the run's own checks
-        prestart(min(cfg.jobs, count), _serve_forked if fork else None)
+        prestart(min(cfg.jobs, count), _forked_worker if fork else None)
 
 
-def _serve_forked(inp: Any, channel: Any) -> None:
+def _forked_worker(inp: Any, channel: Any) -> None:
     """A worker forked from this process: it serves its tasks through :func:`run`; the
     recipe's script, if the run has one, already ran here."""
     from lit_fedco.experiment.serving import handle_signals, serve
