@@ -18,7 +18,7 @@ import pytest
 
 from lit_fedco.cli import run as main
 from lit_fedco.experiment import serving
-from lit_fedco.experiment.jobs import Forked, can_fork
+from lit_fedco.experiment.jobs import Forked, Task, _longest, can_fork
 from lit_fedco.recipes.comfedl_dro import DEFAULTS
 from tests.helpers import REPO, override
 
@@ -98,6 +98,23 @@ def test_list_sub_runs_with_variants_and_a_pre_training(capsys):
 
 
 @pytest.mark.skipif(not can_fork(), reason="workers are forked on Linux only")
+def test_the_longest_sub_runs_go_first_once_their_kind_has_run_once():
+    """Sub-runs whose kind (variant, updater) has not finished yet go first, in the run's order;
+    then the kind that took longest: the workers end together on short ones."""
+    pairs = [(seed, name) for seed in (0, 1) for name in ("a", "b", "c")]
+    todo = [Task(i, f"{u}-seed{s}", [], Path("log"), kind=u) for i, (s, u) in enumerate(pairs)]
+    took: dict[str, list[float]] = {}
+
+    def hand_out() -> str:
+        return todo.pop(_longest(todo, took)).folder
+
+    assert [hand_out(), hand_out()] == ["a-seed0", "b-seed0"]
+    took.update({"a": [0.5], "b": [2.0]})  # both ended; c has not run yet
+    assert hand_out() == "c-seed0"
+    took["c"] = [1.0]
+    assert [hand_out(), hand_out(), hand_out()] == ["b-seed1", "c-seed1", "a-seed1"]
+
+
 def test_forked_workers_serve_tasks_and_each_ends_when_its_own_input_closes(tmp_path):
     """A worker forked from the launcher answers its tasks (output to the task's log) and ends
     with exit code 0 as soon as its input closes, although another worker was forked after it
@@ -318,3 +335,19 @@ def test_jobs_2_workers_track_their_sub_runs_in_wandb(tmp_path):
         run = runs[f"comfedl_dro-{folder}"]
         steps = [h["trainer/global_step"] for h in run["history"] if "train/loss" in h]
         assert run["exit_code"] == 0 and steps == [1, 2, 3, 4, 5, 6]
+
+
+def test_a_worker_reads_the_runs_config_again_once_it_changed(tmp_path):
+    """A worker checks each sub-run against the run's ``config.yaml``, read once while the file
+    is unchanged: a file written again (another run of the name, resumed) is read again."""
+    from lit_fedco.experiment.runner import _run_config
+
+    path = tmp_path / "config.yaml"
+    assert _run_config(path) is None
+    path.write_text("rounds: 4\ncomfedl:\n  lr: 0.05\n")
+    assert _run_config(path) == {"rounds": 4, "comfedl.lr": 0.05}
+    path.write_text("rounds: 4\ncomfedl:\n  lr: 0.5\n")  # the same size
+    os.utime(path, ns=(1, 1))
+    assert _run_config(path) == {"rounds": 4, "comfedl.lr": 0.5}
+    path.write_text("[unclosed")
+    assert _run_config(path) is None

@@ -36,6 +36,11 @@ Serve = Callable[[IO[str], IO[str]], None]
 WORKER = [sys.executable, "-m", "lit_fedco.worker"]
 """How a worker process is started."""
 
+WORKER_ENV = "LIT_FEDCO_JOBS_WORKER"
+"""Set ("1") in a worker's environment: its tasks come from a launcher that checked the whole run
+before handing any out, so a sub-run it runs skips the checks of its input (every updater's
+parameters, the data, the model: :func:`lit_fedco.experiment.assemble.check_run`)."""
+
 
 @dataclass
 class Task:
@@ -46,6 +51,9 @@ class Task:
     argv: list[str]
     log: Path
     started: float = 0.0
+    kind: str = ""
+    """What its length depends on (its variant and updater; not its seed): the tasks of a kind
+    take about as long as each other."""
 
 
 @dataclass
@@ -155,6 +163,7 @@ def _serve_forked(task_r: int, answer_w: int, serve: Serve) -> NoReturn:
                 with contextlib.suppress(OSError):
                     os.close(end.fileno())
         os.environ.pop("LIT_FEDCO_RUN_DIR", None)
+        os.environ[WORKER_ENV] = "1"
         with os.fdopen(task_r, "r") as inp, os.fdopen(answer_w, "w", buffering=1) as channel:
             serve(inp, channel)
         code = 0
@@ -181,7 +190,7 @@ def exit_now(code: int) -> NoReturn:
 
 
 def _env() -> dict[str, str]:
-    return {k: v for k, v in os.environ.items() if k != "LIT_FEDCO_RUN_DIR"}
+    return {**{k: v for k, v in os.environ.items() if k != "LIT_FEDCO_RUN_DIR"}, WORKER_ENV: "1"}
 
 
 _POOL: list[Worker] = []
@@ -216,6 +225,7 @@ def run_tasks(
     """
     env = _env()
     todo, codes = list(tasks), {}
+    took: dict[str, list[float]] = {}  # the seconds of each finished task, by kind
     workers = [_POOL.pop(0) if _POOL else _start(env) for _ in range(min(jobs, len(tasks)))]
     while _POOL:  # started early, not needed
         spare = _POOL.pop()
@@ -230,7 +240,7 @@ def run_tasks(
                         other.proc.send_signal(stopping)
             for w in workers:
                 if w.task is None and todo and not stopping:
-                    w.task = todo.pop(0)
+                    w.task = todo.pop(_longest(todo, took))
                     w.task.started = time.perf_counter()
                     message = {"recipe": recipe, "defaults": defaults, "argv": w.task.argv,
                                "log": str(w.task.log), "main": main_path}  # fmt: skip
@@ -246,6 +256,7 @@ def run_tasks(
             answer = w.proc.stdout.readline() if w.proc.stdout is not None else ""
             code = int(json.loads(answer)["code"]) if answer else -9
             codes[w.task.index] = code
+            took.setdefault(w.task.kind, []).append(time.perf_counter() - w.task.started)
             report(w.task, code, len(codes), len(tasks))
             w.task = None
             if not answer:  # the worker died with its task: a fresh one takes its place
@@ -262,6 +273,18 @@ def run_tasks(
             if w.proc.poll() is None:
                 w.proc.kill()
     return codes
+
+
+def _longest(todo: list[Task], took: dict[str, list[float]]) -> int:
+    """The task to hand out next: the first whose kind has not finished yet (in the run's
+    order), else the one whose kind took longest — the longest first, so that the workers end
+    together on short ones rather than one of them running a long one alone at the end."""
+
+    def expected(i: int) -> float:
+        seconds = took.get(todo[i].kind)
+        return sum(seconds) / len(seconds) if seconds else float("inf")
+
+    return max(range(len(todo)), key=lambda i: (expected(i), -i))
 
 
 def _next_answer(busy: list[Worker]) -> Worker | None:

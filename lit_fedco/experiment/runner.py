@@ -38,7 +38,7 @@ from lit_fedco.experiment.assemble import (
     run_executor,
 )
 from lit_fedco.experiment.cpu_memory import keep_freed_memory
-from lit_fedco.experiment.jobs import Task, per_core_limit, run_tasks, usable_cores
+from lit_fedco.experiment.jobs import WORKER_ENV, Task, per_core_limit, run_tasks, usable_cores
 from lit_fedco.experiment.rundir import (
     RUN_DIR_ENV,
     History,
@@ -440,12 +440,14 @@ def run_recipe(
         check_jobs(cfg, len(list(sub_runs(configs, seeds))))
         checks = configs
         chosen = _chosen(cfg, configs, seeds)
-        if cfg.sub_run >= 0:  # one sub-run: its own updater (the launcher, if any, checked all)
+        if child or os.environ.get(WORKER_ENV) == "1":  # its launcher checked the whole run
+            checks = []
+        elif cfg.sub_run >= 0:  # one sub-run: its own updater
             (spec,) = chosen
             mine = spec.cfg.copy()
             mine.updaters = [spec.updater]
             checks = [(spec.variant, mine)]
-        for variant, c in checks if not child else []:
+        for variant, c in checks:
             try:
                 check_run(c, built)
             except ConfigError as err:
@@ -578,25 +580,42 @@ def _whole_run(cfg: DictConfig) -> dict[str, Any]:
     return {str(k): v for k, v in whole.items()}
 
 
+_READ: dict[tuple[str, int, int, int], dict[str, Any] | None] = {}
+"""Run configs read (:func:`_run_config`), by path and file identity: a ``jobs=N`` worker checks
+each of its sub-runs against the same ``config.yaml``."""
+
+
+def _run_config(path: Path) -> dict[str, Any] | None:
+    """A run's ``config.yaml`` as dotted keys; None where there is none or it is unreadable (the
+    checkpoints still verify what each sub-run resumes). Read once while the file is unchanged."""
+    try:
+        st = path.stat()
+    except OSError:
+        return None
+    key = (str(path.resolve()), st.st_ino, st.st_mtime_ns, st.st_size)
+    if key not in _READ:
+        try:
+            before = OmegaConf.to_container(OmegaConf.load(path), resolve=True)
+        except Exception:
+            before = None
+        _READ.clear()  # one run at a time
+        _READ[key] = flat_keys(before) if isinstance(before, dict) else None
+    return _READ[key]
+
+
 def _check_same_run(cfg: DictConfig, run_dir: Path) -> None:
     """A sub-run joins a run only with the run's own command line (how it executes aside).
 
     Raises:
         ConfigError: naming the first key that differs from the run's ``config.yaml``.
     """
-    first = run_dir / "config.yaml"
-    if not first.is_file():
-        return
-    try:
-        before = OmegaConf.to_container(OmegaConf.load(first), resolve=True)
-    except Exception:  # unreadable: the checkpoints still verify what each sub-run resumes
-        return
-    if not isinstance(before, dict):
+    theirs = _run_config(run_dir / "config.yaml")
+    if theirs is None:
         return
     # where the run lives is the folder itself: a run named by its start time has run_name ''
     # in config.yaml and its sub-runs the name; out_dir may be spelt relative or absolute
     free = {*RESUMABLE_CHANGES, "resume", "run_name", "out_dir"}
-    theirs, mine = flat_keys(before), flat_keys(_whole_run(cfg))
+    mine = flat_keys(_whole_run(cfg))
     for key in sorted(set(theirs) | set(mine)):
         if key.split(".")[0] in free or theirs.get(key) == mine.get(key):
             continue
@@ -634,7 +653,8 @@ def _run_jobs(
               "progress=false", f"threads={threads}"]  # fmt: skip
     specs = [s for s in sub_runs(configs, seeds) if s.folder not in plan.done]
     tasks = [Task(s.number, s.folder, [*argv, *common, f"sub_run={s.number}"],
-                  run_dir / "logs" / f"sub_run-{s.number}.txt") for s in specs]  # fmt: skip
+                  run_dir / "logs" / f"sub_run-{s.number}.txt", kind=f"{s.variant_index}:"
+                  f"{s.updater}") for s in specs]  # fmt: skip
     main = sys.modules.get("__main__")
     ours = importlib.util.find_spec(f"lit_fedco.recipes.{recipe}") is not None
     main_path = None if ours else getattr(main, "__file__", None)
