@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import os
 import statistics
 from pathlib import Path
 
@@ -112,6 +113,50 @@ def test_a_recipe_evaluated_on_a_test_set_says_so(runs, tmp_path, capsys):
     assert draw([load_run(t)], tmp_path / "test")["labels"]["clients"] == (
         "final test accuracy per client"
     )
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="figures are drawn in forks on Linux only")
+def test_figures_drawn_two_at_a_time_are_the_figures_drawn_one_at_a_time(
+    runs, tmp_path, monkeypatch
+):
+    """``processes=2`` (a ``jobs=2`` run's end): a forked child draws some of the figures; the
+    files (every PNG byte for byte) and what was plotted are those of one process drawing them
+    all."""
+    a, _ = runs
+    one = draw([load_run(a)], tmp_path / "one")
+    save, drawn_by = plot._save, tmp_path / "pids.txt"
+
+    def save_and_say_who(fig, out, name, legend_rows=0):
+        with open(drawn_by, "a") as f:
+            f.write(f"{name} {os.getpid()}\n")
+        return save(fig, out, name, legend_rows)
+
+    monkeypatch.setattr(plot, "_save", save_and_say_who)
+    two = draw([load_run(a)], tmp_path / "two", "", 2)
+    pids = dict(line.split() for line in drawn_by.read_text().splitlines())
+    assert pids["curves"] == pids["clients"] == str(os.getpid())
+    assert pids["communication"] == pids["weights"] != str(os.getpid())
+    assert [p.name for p in two["files"]] == [p.name for p in one["files"]]
+    assert len(one["files"]) == 8 and two["plotted"] == one["plotted"]
+    assert list(two["plotted"]) == list(one["plotted"])  # in the same order
+    for p in one["files"]:
+        if p.suffix == ".png":
+            assert (tmp_path / "two" / p.name).read_bytes() == p.read_bytes(), p.name
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="figures are drawn in forks on Linux only")
+def test_a_figure_that_fails_in_a_child_fails_here_with_its_own_error(runs, tmp_path, monkeypatch):
+    """The child drawing ``weights`` fails: its figures are drawn again in this process, so the
+    error is this process's own (what the run reports as "no figures (...)")."""
+    a, _ = runs
+
+    def broken(*args):
+        raise ValueError("no weights today")
+
+    monkeypatch.setattr(plot, "_weights", broken)
+    with pytest.raises(ValueError, match="no weights today"):
+        draw([load_run(a)], tmp_path, "", 2)
+    assert (tmp_path / "communication.png").is_file()  # the child's other figure, drawn
 
 
 # --- few evaluated points: every series stays visible -----------------------------------------

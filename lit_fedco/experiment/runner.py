@@ -858,11 +858,12 @@ def _recorded(run_dir: Path, folders: dict[str, list[str]]) -> dict[str, Any]:
 
 def _figures(cfg: DictConfig, run_dir: Path, recipe: str) -> None:
     """The run's figures (``figures/``), and to W&B as images when it tracks there. Drawn from
-    the record after the run; a failure to draw is reported and does not fail the run."""
+    the record after the run (``jobs`` of them at a time); a failure to draw is reported and
+    does not fail the run."""
     from lit_fedco.report.plot import draw_run
 
     try:
-        done = draw_run(run_dir, recipe)
+        done = draw_run(run_dir, recipe, processes=int(cfg.jobs))
     except Exception as err:  # matplotlib missing a font, a backend problem: the run is fine
         print(f"lit_fedco: no figures ({type(err).__name__}: {err})", file=sys.stderr)
         return

@@ -32,6 +32,7 @@ import json
 import math
 import statistics
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -61,10 +62,10 @@ FEW_POINTS = 5
 """A series with at most this many evaluated points is drawn with markers: a line through one
 point is invisible, and through two or three it hides where the evaluations were."""
 PRETRAIN = "pretrain"
+"""The pre-training's label in a run's record (:mod:`lit_fedco.experiment.pretrain`)."""
 STYLES = ("-", "--", ":", "-.")
 """Line styles by method, with the colour: methods whose curves coincide (FCSG, FCSG-M and
 Acc-FCSG-M at β = 0.9) stay visible, a dashed or dotted line over a solid one."""
-"""The pre-training's label in a run's record (:mod:`lit_fedco.experiment.pretrain`)."""
 
 
 def display(method: str) -> str:
@@ -258,8 +259,18 @@ def _save(fig: Any, out: Path, name: str, legend_rows: int = 0) -> list[Path]:
     return paths
 
 
-def draw(runs: list[dict[str, Any]], out: Path, title: str = "") -> dict[str, Any]:
+Plotted = dict[str, dict[str, dict[str, list[float]]]]
+"""What a figure plotted: ``{panel: {series: {"x": [...], "y": [...]}}}``."""
+Drawing = tuple[list[Path], Plotted]
+"""A figure's files and what it plotted."""
+
+
+def draw(
+    runs: list[dict[str, Any]], out: Path, title: str = "", processes: int = 1
+) -> dict[str, Any]:
     """Draw the figures of ``runs`` into ``out``; returns the files and what each plotted.
+    ``processes`` > 1 (a ``jobs=N`` run's end, on Linux): the figures are drawn that many at a
+    time, in processes forked for them (the same files).
 
     Returns:
         ``{"files": [...], "plotted": {figure: {method: {"x": [...], "y": [...]}}},
@@ -272,52 +283,106 @@ def draw(runs: list[dict[str, Any]], out: Path, title: str = "") -> dict[str, An
     data = series(runs)
     methods = list(data)
     colour = colours(methods)
-    metrics = headline(runs[0]["columns"])
     start = starts(runs)
     since = " (incl. pre-training)" if start and max(v["round"] for v in start.values()) else ""
-    files: list[Path] = []
-    plotted: dict[str, dict[str, dict[str, list[float]]]] = {}
-    for name, x, xlabel in (
-        ("curves", "round", "communication round" + since),
-        ("communication", COMM, "floats communicated per client" + since),
-    ):
-        fig, axes = _figure(len(metrics))
-        for ax, (key, label) in zip(axes, metrics, strict=True):
-            drawn = []
-            for i, m in enumerate(methods):
-                seeds = [s for s in data[m] if s and any(key in r for r in s)]
-                if not seeds or (x != "round" and not all(x in r for s in seeds for r in s)):
-                    continue
-                xs, mean, std = mean_std(seeds, x, key)
-                xs = [v + start[m][x] for v in xs]
-                drawn.append((i, m, xs, mean, std))
-                plotted.setdefault(f"{name}:{key}", {})[m] = {"x": xs, "y": mean}
-            shifts = _dodge([xs for _, _, xs, _, _ in drawn])
-            for (i, m, xs, mean, std), dx in zip(drawn, shifts, strict=True):
-                _series(ax, [v + dx for v in xs], mean, std, colour[m], display(m), i)
-            for i, at in enumerate(sorted({v[x] for v in start.values()} - {0.0})):
-                note = "methods start (pre-trained model)" if i == 0 else None
-                ax.axvline(at, color="grey", ls=":", lw=1, label=note)
-            ax.set_xlabel(xlabel)
-            ax.set_ylabel(LABELS.get(key, label))
-            ax.grid(alpha=0.3)
-            _from_zero(ax, integer=x == "round")
-            if x == COMM:  # 20M, not 2 with "1e7" in a corner the axis label may cover
-                from matplotlib.ticker import EngFormatter
-
-                ax.xaxis.set_major_formatter(EngFormatter(sep=""))
-        rows = _legend_below(fig, axes)
-        if title:
-            fig.suptitle(f"{title}  ({_seeds_note(data)})", fontsize=10)
-        files += _save(fig, out, name, legend_rows=rows)
-    labels = {"clients": f"final {runs[0].get('evaluated_on', 'validation')} accuracy per client"}
+    label = f"final {runs[0].get('evaluated_on', 'validation')} accuracy per client"
+    metrics = headline(runs[0]["columns"])
+    args = (data, methods, colour, metrics, start, out, title)
+    figures: list[Callable[[], Drawing]] = [
+        lambda: _lines(*args, "curves", "round", "communication round" + since),
+        lambda: _lines(*args, "communication", COMM, "floats communicated per client" + since),
+    ]
     if any("acc" in key for key, _ in metrics):
-        files += _clients(runs, methods, colour, out, title, plotted, labels["clients"])
-    files += _weights(data, methods, colour, out, title, plotted, start)
-    return {"files": files, "plotted": plotted, "labels": labels}
+        figures.append(lambda: _clients(runs, methods, colour, out, title, label))
+    figures.append(lambda: _weights(data, methods, colour, out, title, start))
+    files: list[Path] = []
+    plotted: Plotted = {}
+    for drawn_files, drawn in _in_processes(figures, processes):
+        files += drawn_files
+        plotted.update(drawn)
+    return {"files": files, "plotted": plotted, "labels": {"clients": label}}
 
 
-def _clients(runs, methods, colour, out, title, plotted, ylabel) -> list[Path]:  # type: ignore[no-untyped-def]
+def _in_processes(figures: list[Callable[[], Drawing]], processes: int) -> list[Drawing]:
+    """Each figure drawn, in order: here, or with ``processes`` > 1 (Linux) that many at a time —
+    this process draws its share while forked children draw theirs (a child reports back through
+    a pipe; a figure whose child failed is drawn here again, so that its error is this
+    process's)."""
+    import os
+    import pickle
+
+    groups = min(processes, len(figures))
+    if groups <= 1 or not sys.platform.startswith("linux") or not hasattr(os, "fork"):
+        return [draw_one() for draw_one in figures]
+    children: dict[int, tuple[int, int]] = {}  # group -> (pid, read end)
+    for g in range(1, groups):
+        read, write = os.pipe()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        pid = os.fork()
+        if pid == 0:  # draw this group's figures, hand them back, end (never return)
+            os.close(read)
+            code = 1
+            try:
+                done = {i: figures[i]() for i in range(g, len(figures), groups)}
+                with os.fdopen(write, "wb") as pipe:
+                    pickle.dump(done, pipe)
+                code = 0
+            finally:
+                os._exit(code)
+        os.close(write)
+        children[g] = (pid, read)
+    results: dict[int, Drawing] = {i: figures[i]() for i in range(0, len(figures), groups)}
+    for pid, read in children.values():
+        with os.fdopen(read, "rb") as pipe:
+            blob = pipe.read()
+        os.waitpid(pid, 0)
+        if blob:
+            results.update(pickle.loads(blob))
+    for i, draw_one in enumerate(figures):  # a child that failed: drawn here
+        if i not in results:
+            results[i] = draw_one()
+    return [results[i] for i in range(len(figures))]
+
+
+def _lines(data, methods, colour, metrics, start, out, title, name, x, xlabel) -> Drawing:  # type: ignore[no-untyped-def]
+    """``curves`` (``x``: rounds) or ``communication`` (``x``: floats per client): one panel per
+    headline metric, the mean over seeds with a ±1 std band."""
+    plotted: Plotted = {}
+    fig, axes = _figure(len(metrics))
+    for ax, (key, label) in zip(axes, metrics, strict=True):
+        drawn = []
+        for i, m in enumerate(methods):
+            seeds = [s for s in data[m] if s and any(key in r for r in s)]
+            if not seeds or (x != "round" and not all(x in r for s in seeds for r in s)):
+                continue
+            xs, mean, std = mean_std(seeds, x, key)
+            xs = [v + start[m][x] for v in xs]
+            drawn.append((i, m, xs, mean, std))
+            plotted.setdefault(f"{name}:{key}", {})[m] = {"x": xs, "y": mean}
+        shifts = _dodge([xs for _, _, xs, _, _ in drawn])
+        for (i, m, xs, mean, std), dx in zip(drawn, shifts, strict=True):
+            _series(ax, [v + dx for v in xs], mean, std, colour[m], display(m), i)
+        for i, at in enumerate(sorted({v[x] for v in start.values()} - {0.0})):
+            note = "methods start (pre-trained model)" if i == 0 else None
+            ax.axvline(at, color="grey", ls=":", lw=1, label=note)
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel(LABELS.get(key, label))
+        ax.grid(alpha=0.3)
+        _from_zero(ax, integer=x == "round")
+        if x == COMM:  # 20M, not 2 with "1e7" in a corner the axis label may cover
+            from matplotlib.ticker import EngFormatter
+
+            ax.xaxis.set_major_formatter(EngFormatter(sep=""))
+    rows = _legend_below(fig, axes)
+    if title:
+        fig.suptitle(f"{title}  ({_seeds_note(data)})", fontsize=10)
+    return _save(fig, out, name, legend_rows=rows), plotted
+
+
+def _clients(runs, methods, colour, out, title, ylabel) -> Drawing:  # type: ignore[no-untyped-def]
+    """``clients``: each method's final accuracy per client, one point per client and seed."""
+    plotted: Plotted = {}
     per = {}
     for rec in runs:
         for method, seeds in rec["per_client"].items():
@@ -325,7 +390,7 @@ def _clients(runs, methods, colour, out, title, plotted, ylabel) -> list[Path]: 
             per[label] = [a for s in seeds for a in (s or []) if not math.isnan(a)]
     per = {m: v for m, v in per.items() if v}
     if not per:
-        return []
+        return [], plotted
     fig, (ax,) = _figure(1, width=min(12.0, max(5.0, 1.1 * len(per))))
     for i, m in enumerate(methods):
         if m not in per:
@@ -341,13 +406,15 @@ def _clients(runs, methods, colour, out, title, plotted, ylabel) -> list[Path]: 
     ax.grid(alpha=0.3, axis="y")
     if title:
         ax.set_title(f"{title}: every client and seed (bar: mean)", fontsize=10)
-    return _save(fig, out, "clients")
+    return _save(fig, out, "clients"), plotted
 
 
-def _weights(data, methods, colour, out, title, plotted, start) -> list[Path]:  # type: ignore[no-untyped-def]
+def _weights(data, methods, colour, out, title, start) -> Drawing:  # type: ignore[no-untyped-def]
+    """``weights``: the DRO client weights over rounds (seed 0), for the methods with them."""
+    plotted: Plotted = {}
     have = [m for m in methods if any("dro/weight_client0" in r for s in data[m] for r in s)]
     if not have:
-        return []
+        return [], plotted
     fig, axes = _figure(len(have))
     for ax, m in zip(axes, have, strict=True):
         rows = [r for r in data[m][0] if "dro/weight_client0" in r]
@@ -366,7 +433,7 @@ def _weights(data, methods, colour, out, title, plotted, start) -> list[Path]:  
         ax.grid(alpha=0.3)
         if k <= 12:
             ax.legend(fontsize=6, ncol=2, loc="upper left", bbox_to_anchor=(1.0, 1.0))
-    return _save(fig, out, "weights")
+    return _save(fig, out, "weights"), plotted
 
 
 # ---------------------------------------------------------------------- summary
@@ -393,10 +460,11 @@ def summary(runs: list[dict[str, Any]]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def draw_run(run_dir: Path, title: str = "") -> dict[str, Any]:
-    """The figures of one finished run, into ``<run_dir>/figures/``."""
+def draw_run(run_dir: Path, title: str = "", processes: int = 1) -> dict[str, Any]:
+    """The figures of one finished run, into ``<run_dir>/figures/`` (``processes``: see
+    :func:`draw`)."""
     rec = load_run(run_dir)
-    return draw([rec], Path(run_dir) / "figures", title or rec.get("recipe", ""))
+    return draw([rec], Path(run_dir) / "figures", title or rec.get("recipe", ""), processes)
 
 
 def main(argv: list[str] | None = None) -> None:
