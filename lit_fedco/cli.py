@@ -79,6 +79,9 @@ def run(
 
     if fork:
         import lit_fedco.experiment.session  # noqa: F401  (what a sub-run imports, once)
+        from lit_fedco.report.tracking import import_wandb
+
+        import_wandb(list(cfg.tracking))  # and W&B's modules, where the run tracks there
 
         _prestart_workers(cmd, cfg, fork=True)  # before this process runs any torch operation
 

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from argparse import Namespace
 from pathlib import Path
 
@@ -21,6 +23,7 @@ from lit_fedco.report.tracking import (
     wandb_mode,
     wandb_records,
 )
+from tests.helpers import REPO
 
 CONFIG = {
     "updater": "comfedl",
@@ -207,3 +210,29 @@ def test_a_recipe_run_as_a_program_leaves_its_output_complete(tmp_path, no_crede
     assert run["exit_code"] == 0
     steps = [h["trainer/global_step"] for h in run["history"] if "train/loss" in h]
     assert steps[-1] == 6
+
+
+@pytest.mark.parametrize(
+    ("tracking", "mode", "imported"),
+    [(["wandb", "csv"], "offline", True), (["csv"], "offline", False),
+     (["wandb"], "disabled", False), (["bogus"], "offline", False)],
+)  # fmt: skip
+def test_wandb_is_imported_before_workers_are_forked_only_where_the_run_tracks_there(
+    tracking, mode, imported
+):
+    """What a ``jobs=N`` launcher imports before forking its workers: W&B's modules (those its
+    first run imports) only where the run tracks to W&B, and never a thread or a W&B service
+    (a fork stays safe); bad ``tracking`` is left to the run's checks."""
+    code = (
+        "import os, sys, threading\n"
+        "from lit_fedco.report.tracking import import_wandb\n"
+        f"import_wandb({tracking!r})\n"
+        "print('wandb.sdk.launch.inputs.internal' in sys.modules, 'wandb' in sys.modules,\n"
+        "      threading.active_count(), 'WANDB_SERVICE' in os.environ)\n"
+    )
+    env = {**os.environ, "WANDB_MODE": mode}
+    env.pop("WANDB_SERVICE", None)
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                         cwd=REPO, timeout=300)  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == [str(imported), str(imported), "1", "False"]
