@@ -157,14 +157,14 @@ def _list_sub_runs(cmd: Any, cfg: Any) -> list[Any]:
 
 def _only_our_code(cfg: Any) -> bool:
     """Whether only lit_fedco's own code has run in this process: the program is one of its
-    recipes (``python -m lit_fedco.recipes.NAME``) and the run names no module of the user's
-    own (``plugins``). Then no torch operation has run yet, and ``jobs=N`` may fork its workers
-    from this process once torch is imported: a fork after torch's thread pool has started can
-    hang the child's first parallel operation (GNU OpenMP), and a script or module of one's own
-    may have computed at import."""
-    spec = getattr(sys.modules.get("__main__"), "__spec__", None)
-    name = str(getattr(spec, "name", "") or "")
-    return name.startswith("lit_fedco.recipes.") and not list(cfg.plugins)
+    recipes (:func:`~lit_fedco.experiment.jobs.program_is_a_recipe`) and the run names no module
+    of the user's own (``plugins``). Then no torch operation has run yet, and ``jobs=N`` may fork
+    its workers from this process once torch is imported: a fork after torch's thread pool has
+    started can hang the child's first parallel operation (GNU OpenMP), and a script or module
+    of one's own may have computed at import."""
+    from lit_fedco.experiment.jobs import program_is_a_recipe
+
+    return program_is_a_recipe() and not list(cfg.plugins)
 
 
 def _prestart_workers(cmd: Any, cfg: Any, fork: bool) -> None:

@@ -80,3 +80,20 @@ def test_any_recipe_runs_the_example_by_module_path(example):
         "lit_fedco: updater: module 'my_fedprox' has no class 'FedProxy' (its updaters: "
         "FedProx); name one of them, e.g. updater=my_fedprox:FedProx"
     ]
+
+
+def test_the_example_under_a_built_in_recipes_name_runs_its_own_updater_with_jobs_2(example):
+    """A script that passes one of lit_fedco's recipe names (``comfedl_dro``) is still a script
+    of one's own: with ``jobs=2`` each worker runs it first, so that its FedProx is registered
+    there too (the workers were told it was lit_fedco's recipe and failed: unknown updater)."""
+    text = example.read_text()
+    mine = text.replace('lit_fedco.main("fedprox_demo"', 'lit_fedco.main("comfedl_dro"')
+    assert mine != text
+    example.write_text(mine)
+    out = example.parent / "out"
+    proc = _run([sys.executable, str(example), *QUICK, "jobs=2", f"out_dir={out}",
+                 "run_name=j"], example.parent)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "2 sub-runs, 2 at a time" in proc.stdout
+    results = json.loads((out / "comfedl_dro" / "j" / "results.json").read_text())
+    assert list(results["results"]) == ["fedprox", "fedavg"]

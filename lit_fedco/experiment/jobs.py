@@ -189,6 +189,22 @@ def exit_now(code: int) -> NoReturn:
     os._exit(code)
 
 
+def program_is_a_recipe() -> bool:
+    """Whether this program is one of lit_fedco's recipes (``python -m lit_fedco.recipes.NAME``):
+    then it holds no code of the user's (a script of one's own may register updaters and compute
+    with torch when it runs, whatever recipe name it passes)."""
+    spec = getattr(sys.modules.get("__main__"), "__spec__", None)
+    return str(getattr(spec, "name", "") or "").startswith("lit_fedco.recipes.")
+
+
+def program_script() -> str | None:
+    """The file a fresh worker runs (as another module) to have the program's own updaters and
+    problems: the program's script, or None for one of lit_fedco's recipes (or no file)."""
+    if program_is_a_recipe():
+        return None
+    return getattr(sys.modules.get("__main__"), "__file__", None)
+
+
 def _env() -> dict[str, str]:
     return {**{k: v for k, v in os.environ.items() if k != "LIT_FEDCO_RUN_DIR"}, WORKER_ENV: "1"}
 

@@ -38,7 +38,14 @@ from lit_fedco.experiment.assemble import (
     run_executor,
 )
 from lit_fedco.experiment.cpu_memory import keep_freed_memory
-from lit_fedco.experiment.jobs import WORKER_ENV, Task, per_core_limit, run_tasks, usable_cores
+from lit_fedco.experiment.jobs import (
+    WORKER_ENV,
+    Task,
+    per_core_limit,
+    program_script,
+    run_tasks,
+    usable_cores,
+)
 from lit_fedco.experiment.rundir import (
     RUN_DIR_ENV,
     History,
@@ -643,8 +650,6 @@ def _run_jobs(
         SystemExit: a sub-run failed (exit code 1, after the others ended; each one named with
             how to continue it alone) or the run was stopped (128 + the signal).
     """
-    import importlib.util
-
     _record_start(cfg, plan, run_dir)
     drop = ("jobs", "sub_run", "resume", "run_name", "out_dir", "progress", "threads")
     argv = [a for a in cmd.argv if a.partition("=")[0].lstrip("-") not in drop]
@@ -655,9 +660,7 @@ def _run_jobs(
     tasks = [Task(s.number, s.folder, [*argv, *common, f"sub_run={s.number}"],
                   run_dir / "logs" / f"sub_run-{s.number}.txt", kind=f"{s.variant_index}:"
                   f"{s.updater}") for s in specs]  # fmt: skip
-    main = sys.modules.get("__main__")
-    ours = importlib.util.find_spec(f"lit_fedco.recipes.{recipe}") is not None
-    main_path = None if ours else getattr(main, "__file__", None)
+    main_path = program_script()  # a fresh worker runs it for the script's own updaters
     if tasks:  # else every sub-run is complete (a resumed run): its table follows
         print(f"lit_fedco: {len(tasks)} sub-runs, {cfg.jobs} at a time ({threads} thread(s) "
               f"each); their output goes to {run_dir / 'logs'}", flush=True)  # fmt: skip
