@@ -1,7 +1,8 @@
 """A worker process of a ``jobs=N`` run started as ``python -m lit_fedco.worker`` (where workers
 cannot be forked from the launcher, and in place of one that died): it serves the launcher's
 tasks from stdin (:func:`lit_fedco.experiment.serving.serve`), each a sub-run through
-:func:`lit_fedco.cli.run`, and answers on a copy of its original stdout.
+:func:`lit_fedco.cli.run`, and answers on a copy of its original stdout; its launcher's end
+stops it (:func:`lit_fedco.experiment.jobs.end_with_launcher`).
 """
 
 from __future__ import annotations
@@ -14,9 +15,12 @@ def main() -> None:
     """Serve tasks from stdin; answers go to a copy of the original stdout, so that nothing a
     recipe or a library prints can be mistaken for one."""
     from lit_fedco.cli import run
+    from lit_fedco.experiment.jobs import LAUNCHER_ENV, end_with_launcher
     from lit_fedco.experiment.serving import handle_signals, serve
 
     handle_signals()
+    if launcher := int(os.environ.get(LAUNCHER_ENV, "0") or 0):
+        end_with_launcher(launcher)
     channel = os.fdopen(os.dup(1), "w", buffering=1)
     serve(sys.stdin, channel, run)
 

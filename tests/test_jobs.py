@@ -240,6 +240,52 @@ def test_a_killed_sub_run_continues_alone_then_the_run_writes_its_table(tmp_path
     assert (run_dir / "table.txt").read_text() == reference[1]
 
 
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG: Linux")
+@pytest.mark.parametrize("forked", [True, False])
+def test_workers_of_a_launcher_killed_with_kill_9_stop_with_a_checkpoint(
+    tmp_path, reference, forked, monkeypatch
+):
+    """``kill -9`` of the launcher: each worker (forked, or ``python -m lit_fedco.worker`` where
+    a module of one's own ran) stops its sub-run after the round, with a checkpoint (it does not
+    run on unseen, holding the sub-run's lock) and ends quietly; then ``resume=auto jobs=2``
+    gives the numbers of an uninterrupted run."""
+    extra = []
+    if not forked:
+        (tmp_path / "my_noop.py").write_text('"""Nothing."""\n')
+        monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(tmp_path), str(REPO)]))
+        extra = ["plugins=[my_noop]"]
+    proc = launch(tmp_path, "run_name=orphans", "jobs=2", *extra)
+    run_dir = tmp_path / "comfedl_dro" / "orphans"
+    deadline = time.monotonic() + 120
+    while len({p.parent.parent for p in run_dir.glob("*/checkpoints/round-*.ckpt")}) < 2:
+        assert time.monotonic() < deadline and proc.poll() is None, proc.communicate()
+        time.sleep(0.02)  # both sub-runs are past their first checkpoint, far from their end
+    found = subprocess.run(["pgrep", "-P", str(proc.pid)], capture_output=True, text=True)
+    workers = [int(pid) for pid in found.stdout.split()]
+    assert len(workers) == 2
+    proc.kill()
+    _, err = proc.communicate(timeout=60)
+    deadline = time.monotonic() + 60
+    while any(Path(f"/proc/{pid}").exists() and b"Z" not in _state(pid) for pid in workers):
+        assert time.monotonic() < deadline, "a worker ran on after its launcher was killed"
+        time.sleep(0.1)
+    running = [json.loads(p.read_text()) for p in run_dir.glob("*-seed*/status.json")]
+    assert sorted(s["state"] for s in running) == ["stopped", "stopped"], running
+    assert all(s["round"] < 120 and s["last_checkpoint"] for s in running)
+    assert "Traceback" not in err
+    code, _, err = finish(launch(tmp_path, "run_name=orphans", "resume=auto", "jobs=2", *extra))
+    assert code == 0, err
+    assert numbers(run_dir) == reference[0]
+
+
+def _state(pid: int) -> bytes:
+    """The state letter of process ``pid`` (``Z``: ended, not yet reaped)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_bytes().rsplit(b")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return b"Z"
+
+
 def test_sub_runs_of_a_job_array_merge_into_one_run(tmp_path, reference):
     """As ``sbatch --array=0-3`` would: each element runs ``sub_run=$SLURM_ARRAY_TASK_ID`` into
     the same run folder (two at a time here), then ``resume=auto`` writes the one table."""

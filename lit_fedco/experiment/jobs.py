@@ -36,6 +36,10 @@ Serve = Callable[[IO[str], IO[str]], None]
 WORKER = [sys.executable, "-m", "lit_fedco.worker"]
 """How a worker process is started."""
 
+LAUNCHER_ENV = "LIT_FEDCO_LAUNCHER_PID"
+"""The launcher's process id, in the environment of a worker started as ``python -m
+lit_fedco.worker`` (:func:`end_with_launcher`)."""
+
 WORKER_ENV = "LIT_FEDCO_JOBS_WORKER"
 """Set ("1") in a worker's environment: its tasks come from a launcher that checked the whole run
 before handing any out, so a sub-run it runs skips the checks of its input (every updater's
@@ -103,6 +107,7 @@ class Forked:
     """
 
     def __init__(self, serve: Serve) -> None:
+        launcher = os.getpid()
         task_r, task_w = os.pipe()
         answer_r, answer_w = os.pipe()
         sys.stdout.flush()
@@ -113,7 +118,7 @@ class Forked:
         if pid == 0:  # the worker; it never returns into the launcher's code
             os.close(task_w)
             os.close(answer_r)
-            _serve_forked(task_r, answer_w, serve)
+            _serve_forked(task_r, answer_w, serve, launcher)
         os.close(task_r)
         os.close(answer_w)
         self.pid = pid
@@ -152,12 +157,14 @@ _ENDS: list[IO[str]] = []
 (holding another worker's input open, it would keep that worker from ever ending)."""
 
 
-def _serve_forked(task_r: int, answer_w: int, serve: Serve) -> NoReturn:
+def _serve_forked(task_r: int, answer_w: int, serve: Serve, launcher: int) -> NoReturn:
     """A forked worker's life: the launcher's other workers' pipes closed (else their input
-    would never end), then ``serve`` on its pipes; it ends with :func:`exit_now`, never
-    unwinding into the launcher's code."""
+    would never end), then ``serve`` on its pipes until its input ends or its launcher does
+    (:func:`end_with_launcher`); it ends with :func:`exit_now`, never unwinding into the
+    launcher's code."""
     code = 1
     try:
+        end_with_launcher(launcher)
         for end in _ENDS:
             if not end.closed:
                 with contextlib.suppress(OSError):
@@ -173,6 +180,27 @@ def _serve_forked(task_r: int, answer_w: int, serve: Serve) -> NoReturn:
         traceback.print_exc()
     finally:
         exit_now(code)
+
+
+def end_with_launcher(launcher: int) -> None:
+    """Linux: this worker gets SIGTERM when its launcher (process ``launcher``) ends, however it
+    ends (``kill -9`` included), so that its sub-run stops after the round with a checkpoint, as
+    at any stop, and releases its lock — instead of running on unseen, holding the sub-run
+    that ``resume=auto`` would continue. Elsewhere a worker ends when its input closes, after
+    its sub-run."""
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        args = (ctypes.c_ulong(int(signal.SIGTERM)), *[ctypes.c_ulong(0)] * 3)
+        if libc.prctl(ctypes.c_int(1), *args) != 0:  # 1: PR_SET_PDEATHSIG
+            return
+    except (OSError, AttributeError):
+        return
+    if os.getppid() != launcher:  # it ended before the request was made
+        os.kill(os.getpid(), signal.SIGTERM)
 
 
 def exit_now(code: int) -> NoReturn:
@@ -206,7 +234,8 @@ def program_script() -> str | None:
 
 
 def _env() -> dict[str, str]:
-    return {**{k: v for k, v in os.environ.items() if k != "LIT_FEDCO_RUN_DIR"}, WORKER_ENV: "1"}
+    env = {k: v for k, v in os.environ.items() if k != "LIT_FEDCO_RUN_DIR"}
+    return {**env, WORKER_ENV: "1", LAUNCHER_ENV: str(os.getpid())}
 
 
 _POOL: list[Worker] = []

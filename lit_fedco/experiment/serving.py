@@ -62,8 +62,8 @@ def serve(inp: IO[str], channel: IO[str], run: RunRecipe, main_imported: bool = 
         task = json.loads(line)
         Path(task["log"]).parent.mkdir(parents=True, exist_ok=True)
         if _PENDING:  # asked to stop before this task began
-            channel.write(json.dumps({"code": 128 + _PENDING[0]}) + "\n")
-            channel.flush()
+            if not _answer(channel, 128 + _PENDING[0]):
+                return
             continue
         code = 0
         with open(task["log"], "a", buffering=1) as log:
@@ -92,8 +92,21 @@ def serve(inp: IO[str], channel: IO[str], run: RunRecipe, main_imported: bool = 
                 os.dup2(saved[1], 2)
                 os.close(saved[0])
                 os.close(saved[1])
+        if not _answer(channel, code):
+            return
+
+
+def _answer(channel: IO[str], code: int) -> bool:
+    """Tell the launcher how a task ended; False where the launcher has gone (its end of the
+    channel closed: it was killed): then no task follows, and the worker ends quietly."""
+    try:
         channel.write(json.dumps({"code": code}) + "\n")
         channel.flush()
+        return True
+    except OSError:  # BrokenPipeError
+        with contextlib.suppress(OSError):
+            channel.close()
+        return False
 
 
 def handle_signals() -> None:
