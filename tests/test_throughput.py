@@ -42,7 +42,11 @@ def test_tiny_run_writes_a_record_per_workload_and_impl(tmp_path, capsys, keep_t
         assert r["client_steps_per_s"] > 0 and len(r["client_steps_per_s_runs"]) == 2
         assert r["rounds_timed"] == 2  # --min-time 0: one round a slot
         assert r["peak_mem_mib"] > 0 and r["round_mem_mib"] >= 0
-        assert r["workload_mem_kib_per_client"] > 0
+        # the peak above the process before the data were built: a few KiB of logistic
+        # regression data can stay within what the process had already touched (0, not < 0);
+        # ResNet-20's 0.27M parameters and their state cannot
+        assert r["workload_mem_kib_per_client"] >= 0
+        assert r["workload_mem_kib_per_client"] > 0 or r["workload"] != "resnet20"
         assert r["data"] in ("digits", "synthetic")  # no Fashion-MNIST folder: digits
         if r["impl"] == "plain":
             assert r["ratio_to_plain"] == 1.0 and r["agrees"] is None
