@@ -357,9 +357,9 @@ def test_a_sub_run_with_another_command_line_is_refused(tmp_path):
 
 
 def test_jobs_2_workers_track_their_sub_runs_in_wandb(tmp_path):
-    """Forked workers start W&B's own service themselves: every sub-run's offline run is
-    complete (read back from W&B's log: its name, exit code and every logged round), beside the
-    launcher's run of the figures."""
+    """The launcher starts one W&B service and every forked worker's W&B runs use it (each
+    run's own log says so): every sub-run's offline run is complete (read back from W&B's log:
+    its name, exit code and every logged round), beside the launcher's run of the figures."""
     from lit_fedco.report.tracking import read_wandb_offline_run
 
     home = tmp_path / "home"
@@ -374,13 +374,18 @@ def test_jobs_2_workers_track_their_sub_runs_in_wandb(tmp_path):
     code, _, err = finish(proc)
     assert code == 0, err
     offline = sorted((tmp_path / "comfedl_dro" / "wb" / "wandb").glob("offline-run-*"))
-    runs = {r["name"]: r for r in (read_wandb_offline_run(d, wait=60) for d in offline)}
+    records = [(d, read_wandb_offline_run(d, wait=60)) for d in offline]
+    runs = {r["name"]: r for _, r in records}
     folders = ["comfedl-seed0", "fedavg-seed0", "comfedl-seed1", "fedavg-seed1"]
     assert sorted(runs) == sorted([f"comfedl_dro-{f}" for f in folders] + ["comfedl_dro-figures"])
     for folder in folders:
         run = runs[f"comfedl_dro-{folder}"]
         steps = [h["trainer/global_step"] for h in run["history"] if "train/loss" in h]
         assert run["exit_code"] == 0 and steps == [1, 2, 3, 4, 5, 6]
+    for d, run in records:  # the workers' runs: the launcher's service (the figures' is its own)
+        log = (d / "logs" / "debug.log").read_text()
+        shared = "Connected to an existing wandb-core service via WANDB_SERVICE" in log
+        assert shared == (run["name"] != "comfedl_dro-figures"), run["name"]
 
 
 def test_a_worker_reads_the_runs_config_again_once_it_changed(tmp_path):

@@ -40,6 +40,11 @@ LAUNCHER_ENV = "LIT_FEDCO_LAUNCHER_PID"
 """The launcher's process id, in the environment of a worker started as ``python -m
 lit_fedco.worker`` (:func:`end_with_launcher`)."""
 
+SHARED_ENV = ("WANDB_SERVICE",)
+"""Environment variables a task carries from the launcher to its worker: the W&B service the
+launcher started for the run, which every worker's W&B runs then use
+(:func:`lit_fedco.report.tracking.share_wandb_service`)."""
+
 WORKER_ENV = "LIT_FEDCO_JOBS_WORKER"
 """Set ("1") in a worker's environment: its tasks come from a launcher that checked the whole run
 before handing any out, so a sub-run it runs skips the checks of its input (every updater's
@@ -269,6 +274,7 @@ def run_tasks(
         The exit code of every task that ran (-9 for one whose worker died).
     """
     env = _env()
+    shared = {k: os.environ[k] for k in SHARED_ENV if k in os.environ}
     todo, codes = list(tasks), {}
     took: dict[str, list[float]] = {}  # the seconds of each finished task, by kind
     workers = [_POOL.pop(0) if _POOL else _start(env) for _ in range(min(jobs, len(tasks)))]
@@ -288,7 +294,8 @@ def run_tasks(
                     w.task = todo.pop(_longest(todo, took))
                     w.task.started = time.perf_counter()
                     message = {"recipe": recipe, "defaults": defaults, "argv": w.task.argv,
-                               "log": str(w.task.log), "main": main_path}  # fmt: skip
+                               "log": str(w.task.log), "main": main_path,
+                               "env": shared}  # fmt: skip
                     assert w.proc.stdin is not None
                     w.proc.stdin.write(json.dumps(message) + "\n")
                     w.proc.stdin.flush()

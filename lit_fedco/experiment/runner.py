@@ -70,7 +70,7 @@ from lit_fedco.experiment.session import (
     verify,
 )
 from lit_fedco.experiment.subruns import SubRunSpec, pretrain_folder, pretrain_runs, sub_runs
-from lit_fedco.report.tracking import log_figures
+from lit_fedco.report.tracking import log_figures, share_wandb_service
 
 TABLE_COLUMNS = [
     ("val/acc_avg", "val avg acc"),
@@ -674,6 +674,8 @@ def _run_jobs(
             state = "stopped"
         print(f"lit_fedco: [{finished}/{total}] {task.folder}: {state} ({took:.1f} s)", flush=True)
 
+    if tasks:
+        share_wandb_service(list(cfg.tracking))  # one W&B service for the launcher and workers
     with stop_on_signals():
         codes = run_tasks(tasks, cfg.jobs, recipe, cmd.defaults, main_path, report,
                           stop=requested_signal)  # fmt: skip

@@ -2,7 +2,8 @@
 runs one sub-run at a time, each the recipe's own command line through :func:`lit_fedco.cli.run`,
 with everything it prints going to the sub-run's log.
 
-It reads one JSON line per task (``recipe``, ``defaults``, ``argv``, ``log``, ``main``) and answers
+It reads one JSON line per task (``recipe``, ``defaults``, ``argv``, ``log``, ``main``, ``env``:
+variables set before the task runs, :data:`lit_fedco.experiment.jobs.SHARED_ENV`) and answers
 ``{"code": EXIT_CODE}`` on a channel of its own. SIGTERM and SIGINT stop the sub-run in progress
 after its round, with a checkpoint (as they stop any run); no later task starts. A worker is
 either forked from the launcher (:class:`lit_fedco.experiment.jobs.Forked`) or started as
@@ -60,6 +61,7 @@ def serve(inp: IO[str], channel: IO[str], run: RunRecipe, main_imported: bool = 
     imported = main_imported
     for line in inp:
         task = json.loads(line)
+        os.environ.update(task.get("env") or {})  # the launcher's W&B service, say
         Path(task["log"]).parent.mkdir(parents=True, exist_ok=True)
         if _PENDING:  # asked to stop before this task began
             if not _answer(channel, 128 + _PENDING[0]):

@@ -310,6 +310,7 @@ def _in_processes(figures: list[Callable[[], Drawing]], processes: int) -> list[
     process's)."""
     import os
     import pickle
+    import warnings
 
     groups = min(processes, len(figures))
     if groups <= 1 or not sys.platform.startswith("linux") or not hasattr(os, "fork"):
@@ -319,7 +320,11 @@ def _in_processes(figures: list[Callable[[], Drawing]], processes: int) -> list[
         read, write = os.pipe()
         sys.stdout.flush()
         sys.stderr.flush()
-        pid = os.fork()
+        with warnings.catch_warnings():  # Python >= 3.12 warns of threads (W&B's, BLAS's): the
+            warnings.filterwarnings(  # child only draws, takes no lock of theirs, and ends
+                "ignore", "This process .* multi-threaded", DeprecationWarning
+            )
+            pid = os.fork()
         if pid == 0:  # draw this group's figures, hand them back, end (never return)
             os.close(read)
             code = 1
