@@ -328,6 +328,7 @@ def share_wandb_service(tracking: list[str]) -> None:
         return
     import wandb
 
+    os.environ.setdefault("WANDB_SILENT", "true")  # as each run sets it: else W&B warns later
     wandb.setup()
 
 
