@@ -162,31 +162,89 @@ def test_executors_still_agree_with_the_stacked_step():
 def test_sequential_in_place_rounds_equal_out_of_place_bit_for_bit(name, failures, monkeypatch):
     """Whole runs under the sequential executor, with and without the in-place step (and with
     clients that drop out or stop early: those rounds switch to the out-of-place step at the
-    first step a client no longer runs); the kept logs too."""
+    first step a client no longer runs); in place each client's steps back to back
+    (client-major, the minibatches of every step held) and all clients step by step (the
+    minibatches too large to hold); the kept logs too."""
+    import lit_fedco.engine.round as round_mod
+
     kw = {"failures": failures} if failures else {}
     runs = []
-    calls = {"inplace": 0}
+    calls = {"inplace": 0, "client_major": 0}
     mro = type(make_loop(name, {"lr": 0.1}).updater).__mro__
     cls = next(c for c in mro if "client_step_inplace" in c.__dict__)  # FedAvg for FedAvgM
-    real = cls.client_step_inplace
+    real, real_steps = cls.client_step_inplace, SequentialExecutor.map_steps
 
     def counted(self, *a):
         calls["inplace"] += 1
         return real(self, *a)
 
+    def counted_steps(self, *a):
+        calls["client_major"] += 1
+        return real_steps(self, *a)
+
     monkeypatch.setattr(cls, "client_step_inplace", counted)
-    for inplace in (True, False):
-        if not inplace:
+    monkeypatch.setattr(SequentialExecutor, "map_steps", counted_steps)
+    held = round_mod.HELD_BATCHES_BYTES
+    for mode in ("client-major", "step-major", "out-of-place"):
+        calls.update(inplace=0, client_major=0)
+        monkeypatch.setattr(round_mod, "HELD_BATCHES_BYTES", 0 if mode == "step-major" else held)
+        if mode == "out-of-place":
             monkeypatch.setattr(cls, "inplace", lambda self: False)
         loop = make_loop(name, {"lr": 0.1}, executor="sequential", rounds=4, **kw)
         loop.run()
         runs.append((flat_server(loop), [
             {k: v for k, v in h.items() if not k.startswith("time")} for h in loop.history
         ]))  # fmt: skip
-        if inplace:
-            assert calls["inplace"] > 0
-    assert np.array_equal(runs[0][0], runs[1][0])
-    assert runs[0][1] == runs[1][1]
+        assert (calls["inplace"] > 0) == (mode != "out-of-place")
+        assert (calls["client_major"] > 0) == (mode == "client-major" and failures is None)
+    for other in runs[1:]:
+        assert np.array_equal(runs[0][0], other[0])
+        assert runs[0][1] == other[1]
+
+
+class SummedWeight(torch.nn.Module):
+    """A linear layer whose weight is the sum of two parameters: autograd hands both the same
+    gradient tensor."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        g = torch.Generator().manual_seed(0)
+        self.a = torch.nn.Parameter(torch.randn(4, 8, generator=g))
+        self.b = torch.nn.Parameter(torch.randn(4, 8, generator=g))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.linear(x.flatten(1), self.a + self.b)
+
+
+def test_fedavg_in_place_step_with_gradients_that_share_memory():
+    """FedAvg's in-place step writes the product over autograd's gradients, except where two of
+    them are one tensor (as here): the step must stay the out-of-place step's."""
+    from lit_fedco.core.state import own_storage
+
+    net = SummedWeight()
+    g = torch.Generator().manual_seed(1)
+    x, y = torch.randn(6, 8, generator=g), torch.randint(4, (6,), generator=g)
+    batches = {"inner": {"x": x, "y": y}}
+    upd = FedAvg(FedAvg.hparams_cls(lr=0.1), net)
+    start = {"x": {k: v.detach().clone() for k, v in net.named_parameters()}}
+    grads, _ = upd.loss_gradient(start["x"], batches, {})
+    assert not own_storage(list(grads.values()))  # the case this test is about
+    want, _ = upd.client_step(start, batches, {}, None)  # type: ignore[arg-type]
+    state = {"x": {k: v.clone() for k, v in start["x"].items()}}
+    upd.client_step_inplace(state, batches, {}, None)  # type: ignore[arg-type]
+    for k in want["x"]:
+        assert torch.equal(state["x"][k], want["x"][k]), k
+
+
+def test_own_storage():
+    from lit_fedco.core.state import own_storage
+
+    a, b = torch.zeros(3), torch.zeros(2, 3)
+    assert own_storage([a, b])
+    assert not own_storage([a, a])
+    assert not own_storage([b[0], b[1]])  # two views of one tensor
+    assert own_storage([b.t()])  # a view of memory no other holds
+    assert not own_storage([a], [a.view(1, 3)])
 
 
 def test_an_in_place_step_that_returns_a_state_is_named():

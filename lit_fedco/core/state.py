@@ -39,6 +39,17 @@ def tree_axpy(alpha: float | Tensor, x: Any, y: Any) -> Any:
     return tree_map(lambda a, b: b + alpha * a, x, y)
 
 
+def own_storage(tensors: list[Tensor], others: list[Tensor] = ()) -> bool:  # type: ignore[assignment]
+    """Whether no two of ``tensors`` share memory, nor any of them with ``others``, so that each
+    may be overwritten in place without touching another: true of the gradients
+    ``torch.autograd.grad`` returns for most graphs (``p + q`` may hand ``p`` and ``q`` one
+    tensor; a gradient may be a view, of memory no other holds)."""
+    mine = {t.untyped_storage().data_ptr() for t in tensors}
+    return len(mine) == len(tensors) and mine.isdisjoint(
+        t.untyped_storage().data_ptr() for t in others
+    )
+
+
 def tree_sub(a: Any, b: Any) -> Any:
     """``a - b`` leaf-wise."""
     return tree_map(lambda u, v: u - v, a, b)

@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor
+from torch.utils import _pytree as pytree
 
 from lit_fedco.core.protocol import RoundContext, RoundInfo, StepInfo, Sync
 from lit_fedco.core.server_opt import ServerOptimizer
@@ -169,6 +170,36 @@ def _inplace_step(upd: CompositionalUpdater, step: StepInfo, s: State, b: Any, c
     return logs
 
 
+def _inplace_step_t(upd: CompositionalUpdater, info: RoundInfo, t: int, s: State, b: Any,
+                    c: Any) -> Any:  # fmt: skip
+    return _inplace_step(upd, info.step(t), s, b, c)
+
+
+HELD_BATCHES_BYTES = 64 * 2**20
+"""The most memory a round holds for all its steps' minibatches at once, so that the sequential
+executor can run each client's in-place steps back to back; above it, the clients step
+together, one step after another (the same numbers either way)."""
+
+
+def _held_batches(batches: Batches, first: Any, steps: int) -> list[Any] | None:
+    """Every step's minibatches of the round (``first`` is step 0's), or None when they would
+    take more than :data:`HELD_BATCHES_BYTES`. Each step's but the last is a copy: the sampler
+    writes step t + 1's into the buffers of step t's."""
+    leaves = pytree.tree_leaves(first)
+    size = sum(v.numel() * v.element_size() for v in leaves if isinstance(v, Tensor))
+    if size * steps > HELD_BATCHES_BYTES:
+        return None
+
+    def copy(v: Any) -> Any:
+        return v.clone() if isinstance(v, Tensor) else v
+
+    held = []
+    for t in range(steps):
+        b = first if t == 0 else batches(t)
+        held.append(b if t == steps - 1 else pytree.tree_map(copy, b))
+    return held
+
+
 # ---------------------------------------------------------------------- phases
 def broadcast_state(r: _Round, server: State, store: ClientStore | None) -> tuple[State, State]:
     """BROADCAST: what every cohort client receives (``start``, unbatched), and the clients'
@@ -218,6 +249,17 @@ def local_steps(
     step_mean: State = {}
     stacked = r.ex.stacks and r.upd.stacked()  # the updater's own step over stacked clients
     inplace = r.ex.in_place and r.upd.inplace()  # the updater's own step into the rows
+    held = (
+        _held_batches(batches, first, r.info.local_steps)
+        if inplace and r.done is None and not step_keys and r.n
+        else None
+    )
+    if held is not None:  # each client's steps back to back (the same steps, client-major)
+        step = partial(_inplace_step_t, r.upd, r.info)
+        for logs in r.ex.map_steps(step, states, held, ctx.broadcast, r.n):
+            for key, v in logs.items():
+                log_sum[key] = log_sum.get(key, 0.0) + _sum_rows(v.detach(), None)
+        return states, log_sum, step_mean
     for t in range(r.info.local_steps):
         running = r.running(t, device)
         b = first if t == 0 else batches(t)

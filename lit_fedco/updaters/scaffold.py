@@ -27,7 +27,7 @@ import torch
 from torch import Tensor
 
 from lit_fedco.core.protocol import RoundContext, RoundInfo, StepInfo, Sync
-from lit_fedco.core.state import State, tree_map
+from lit_fedco.core.state import State, own_storage, tree_map
 from lit_fedco.objectives.base import Batch, Context
 from lit_fedco.updaters.base import CompositionalUpdater, Hparams, register
 
@@ -76,8 +76,9 @@ class Scaffold(CompositionalUpdater[Hparams]):
         """:meth:`client_step` written into the client's rows: the same operations in the same
         order (``g − c_i``, ``+ c``, ``· η_l``, then subtracted from y)."""
         g, loss = self.loss_gradient(state["x"], batches, ctx)
+        own = own_storage(list(g.values()), list(state["x"].values()))  # written over if so
         for k, y in state["x"].items():
-            d = g[k] - state["c_i"][k]
+            d = g[k].sub_(state["c_i"][k]) if own else g[k] - state["c_i"][k]
             y.sub_(d.add_(state["c"][k]).mul_(self.hparams.lr))
         return {"loss": loss}
 
