@@ -111,3 +111,72 @@ def test_stateless_forwards_equal_the_modules_bit_for_bit(name, shape):
     sub = Doubled.__new__(Doubled)
     sub.__dict__.update(net.__dict__)
     assert torch.equal(call(sub, params, x), 2 * call(net, params, x))
+
+
+@pytest.mark.parametrize("name,shape", [("resnet20", (3, 16, 16)), ("conv4", (1, 28, 28))])
+def test_a_modules_call_equals_functional_call_bit_for_bit(name, shape):
+    """Other models run their own ``forward`` with the dict's tensors swapped in (their places
+    found once per model): the outputs and gradients of ``functional_call``, under ``vmap`` and
+    nested gradients too, and the module's own parameters put back after each call."""
+    from torch.func import functional_call
+
+    net = build_model(name, shape, 3, 0, hidden=6).double()
+    own = dict(net.named_parameters())
+    g = torch.Generator().manual_seed(2)
+    params = {k: v.detach() + 0.1 * torch.randn(v.shape, generator=g, dtype=v.dtype)
+              for k, v in own.items()}  # fmt: skip
+    x = torch.randn(3, *shape, generator=g, dtype=torch.float64)
+    assert torch.equal(call(net, params, x), functional_call(net, params, (x,)))
+    g_call = func_gv(lambda p: call(net, p, x).square().sum())(params)[0]
+    g_func = func_gv(lambda p: functional_call(net, p, (x,)).square().sum())(params)[0]
+    assert all(torch.equal(g_call[k], g_func[k]) for k in params)
+    stacked = {k: torch.stack([v, 2 * v]) for k, v in params.items()}
+    xs = torch.stack([x, x])
+    got = vmap(lambda p, v: call(net, p, v))(stacked, xs)
+    assert torch.equal(got, vmap(lambda p, v: functional_call(net, p, (v,)))(stacked, xs))
+    assert dict(net.named_parameters()) == own  # the module's own Parameters, put back
+    assert all(type(v) is torch.nn.Parameter for v in net.parameters())
+    part = {k: params[k] for k in list(params)[:2]}  # some tensors: the rest stay the module's
+    assert torch.equal(call(net, part, x), functional_call(net, part, (x,)))
+
+
+def test_a_modules_call_puts_its_parameters_back_after_an_error():
+    class Failing(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lin = torch.nn.Linear(2, 2)
+
+        def forward(self, x):
+            raise RuntimeError("broken forward")
+
+    net = Failing()
+    weight = net.lin.weight
+    with pytest.raises(RuntimeError, match="broken forward"):
+        call(net, {"lin.weight": torch.zeros(2, 2)}, torch.zeros(1, 2))
+    assert net.lin.weight is weight
+
+
+def test_tied_weights_and_unknown_names_take_functional_call():
+    from torch.func import functional_call
+
+    class Tied(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.enc = torch.nn.Linear(3, 3, bias=False)
+            self.dec = torch.nn.Linear(3, 3, bias=False)
+            self.dec.weight = self.enc.weight
+
+        def forward(self, x):
+            return self.dec(self.enc(x))
+
+    net = Tied()
+    w = torch.randn(3, 3, generator=torch.Generator().manual_seed(0))
+    x = torch.ones(2, 3)
+    assert torch.equal(call(net, {"enc.weight": w}, x), x @ w.T @ w.T)  # untied as functional_call
+    want = functional_call(net, {"enc.weight": w}, (x,))
+    assert torch.equal(call(net, {"enc.weight": w}, x), want)
+    with pytest.raises(Exception) as ours:
+        call(net, {"nope.weight": w}, x)
+    with pytest.raises(Exception) as theirs:
+        functional_call(net, {"nope.weight": w}, (x,))
+    assert type(ours.value) is type(theirs.value)

@@ -35,19 +35,30 @@ def grad_and_value(f: Callable[..., Tensor]) -> Callable[..., tuple[Any, Tensor]
     ``torch.func``."""
 
     def wrapped(params: Any, *args: Any) -> tuple[Any, Tensor]:
-        leaves, spec = pytree.tree_flatten(params)
+        leaves, rebuild = _flat(params)
         if transformed() or any(t.requires_grad for t in leaves):
             return func_grad_and_value(f)(params, *args)
         with torch.enable_grad():
             own = [t.detach().requires_grad_() for t in leaves]
-            value = f(pytree.tree_unflatten(own, spec), *args)
+            value = f(rebuild(own), *args)
             grads = torch.autograd.grad(value, own, allow_unused=True)
         grads = tuple(
             torch.zeros_like(t) if g is None else g for t, g in zip(leaves, grads, strict=True)
         )
-        return pytree.tree_unflatten(list(grads), spec), value.detach()
+        return rebuild(list(grads)), value.detach()
 
     return wrapped
+
+
+def _flat(tree: Any) -> tuple[list[Any], Callable[[list[Any]], Any]]:
+    """``tree``'s leaves and a function that puts new leaves in their places: for a flat dict
+    of tensors (a model's parameters, the usual case) without the general pytree walk: 3 µs
+    against 13 µs a step (a logistic-regression step takes about 130 µs)."""
+    if type(tree) is dict and all(isinstance(v, Tensor) for v in tree.values()):
+        keys = list(tree)
+        return list(tree.values()), lambda leaves: dict(zip(keys, leaves, strict=True))
+    leaves, spec = pytree.tree_flatten(tree)
+    return leaves, lambda new: pytree.tree_unflatten(new, spec)
 
 
 def stacked_grad_and_value(f: Callable[..., Tensor]) -> Callable[..., tuple[Any, Tensor]]:

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import math
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -243,11 +244,60 @@ def call_stacked(model: nn.Module, params: Params, x: torch.Tensor) -> torch.Ten
 
 
 def call(model: nn.Module, params: Params, x: torch.Tensor) -> torch.Tensor:
-    """``model``'s output for ``x`` under ``params``: :func:`torch.func.functional_call`, or for
-    lit_fedco's own small models (:data:`STATELESS`) the same forward over the dict directly."""
+    """``model``'s output for ``x`` under ``params``: for lit_fedco's own small models
+    (:data:`STATELESS`) the same forward over the dict directly; else the module's own
+    ``forward`` with ``params`` in place of its parameters (:func:`_swapped_call`)."""
     fast = STATELESS.get(type(model))
     if fast is not None:
         return fast(model, params, x)
+    return _swapped_call(model, params, x)
+
+
+_Slot = tuple[nn.Module, str, nn.Parameter]
+_SLOTS: weakref.WeakKeyDictionary[nn.Module, dict[str, _Slot] | None] = weakref.WeakKeyDictionary()
+
+
+def _slots(model: nn.Module) -> dict[str, _Slot] | None:
+    """Where each parameter of ``model`` lives, by name: (submodule, attribute, the parameter);
+    None when one parameter has two names (tied weights, which ``functional_call`` unties).
+    Found once per model."""
+    if model in _SLOTS:
+        return _SLOTS[model]
+    slots: dict[str, _Slot] = {}
+    seen: set[int] = set()
+    for name, p in model.named_parameters(remove_duplicate=False):
+        if id(p) in seen:
+            _SLOTS[model] = None
+            return None
+        seen.add(id(p))
+        owner, _, attr = name.rpartition(".")
+        slots[name] = (model.get_submodule(owner), attr, p)
+    _SLOTS[model] = slots
+    return slots
+
+
+def _swapped_call(model: nn.Module, params: Params, x: torch.Tensor) -> torch.Tensor:
+    """:func:`torch.func.functional_call` ``(model, params, (x,))``: each tensor of ``params``
+    put where its parameter lives for the forward, the parameters put back after it. The same
+    swap ``functional_call`` makes, with the parameters' places found once per model instead of
+    at every call (a ``simple_cnn`` step: 60–90 µs less). Anything else (tied weights, a name
+    that is no parameter, a model changed since) goes to ``functional_call`` itself."""
+    slots = _slots(model)
+    if slots is None or not params.keys() <= slots.keys():
+        return functional_call(model, params, (x,))
+    swapped: list[_Slot] = []
+    try:
+        for name, t in params.items():
+            owner, attr, p = slots[name]
+            if owner._parameters.get(attr) is not p:
+                break
+            owner._parameters[attr] = t  # type: ignore[assignment]
+            swapped.append((owner, attr, p))
+        else:
+            return model(x)
+    finally:
+        for owner, attr, p in swapped:
+            owner._parameters[attr] = p
     return functional_call(model, params, (x,))
 
 
