@@ -70,15 +70,15 @@ def stacked_grad_and_value(f: Callable[..., Tensor]) -> Callable[..., tuple[Any,
     differentiates through the step) the graph is kept (``create_graph``)."""
 
     def wrapped(params: Any, *args: Any) -> tuple[Any, Tensor]:
-        leaves, spec = pytree.tree_flatten(params)
+        leaves, rebuild = _flat(params)
         outer = any(t.requires_grad for t in leaves)
         with torch.enable_grad():
             own = leaves if outer else [t.detach().requires_grad_() for t in leaves]
-            values = f(pytree.tree_unflatten(own, spec), *args)
+            values = f(rebuild(own), *args)
             grads = torch.autograd.grad(values.sum(), own, allow_unused=True, create_graph=outer)
         grads = tuple(
             torch.zeros_like(t) if g is None else g for t, g in zip(leaves, grads, strict=True)
         )
-        return pytree.tree_unflatten(list(grads), spec), values if outer else values.detach()
+        return rebuild(list(grads)), values if outer else values.detach()
 
     return wrapped
