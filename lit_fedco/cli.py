@@ -70,7 +70,7 @@ def run(
         print(render(recipe, defaults, shown, cmd.help == "all"), end="")
         return []
     launcher = cfg.jobs > 1 and cfg.sub_run < 0 and not os.environ.get("LIT_FEDCO_RUN_DIR")
-    from lit_fedco.experiment.jobs import can_fork
+    from lit_fedco.core.forking import can_fork
 
     fork = launcher and can_fork() and _only_our_code(cfg)
     if launcher and not fork:

@@ -23,11 +23,12 @@ import signal
 import subprocess
 import sys
 import time
-import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, NoReturn
+
+from lit_fedco.core.forking import fork
 
 Serve = Callable[[IO[str], IO[str]], None]
 """A forked worker's loop, given its tasks' input and its answers' channel
@@ -92,12 +93,6 @@ def _start(env: dict[str, str]) -> Worker:
     return Worker(proc)
 
 
-def can_fork() -> bool:
-    """Whether workers may be forked from this process (Linux; elsewhere they are started as
-    ``python -m lit_fedco.worker``: macOS's system libraries do not survive a fork)."""
-    return sys.platform.startswith("linux") and hasattr(os, "fork")
-
-
 class Forked:
     """A worker forked from this process, with the part of :class:`subprocess.Popen`'s interface
     :func:`run_tasks` uses (``stdin``, ``stdout``, ``pid``, ``poll``, ``wait``, ``send_signal``,
@@ -115,11 +110,7 @@ class Forked:
         launcher = os.getpid()
         task_r, task_w = os.pipe()
         answer_r, answer_w = os.pipe()
-        sys.stdout.flush()
-        sys.stderr.flush()
-        with warnings.catch_warnings():  # Python >= 3.12 warns of any thread (BLAS's idle pool)
-            warnings.filterwarnings("ignore", "This process .* multi-threaded", DeprecationWarning)
-            pid = os.fork()
+        pid = fork()
         if pid == 0:  # the worker; it never returns into the launcher's code
             os.close(task_w)
             os.close(answer_r)

@@ -310,21 +310,16 @@ def _in_processes(figures: list[Callable[[], Drawing]], processes: int) -> list[
     process's)."""
     import os
     import pickle
-    import warnings
+
+    from lit_fedco.core.forking import can_fork, fork
 
     groups = min(processes, len(figures))
-    if groups <= 1 or not sys.platform.startswith("linux") or not hasattr(os, "fork"):
+    if groups <= 1 or not can_fork():
         return [draw_one() for draw_one in figures]
     children: dict[int, tuple[int, int]] = {}  # group -> (pid, read end)
     for g in range(1, groups):
         read, write = os.pipe()
-        sys.stdout.flush()
-        sys.stderr.flush()
-        with warnings.catch_warnings():  # Python >= 3.12 warns of threads (W&B's, BLAS's): the
-            warnings.filterwarnings(  # child only draws, takes no lock of theirs, and ends
-                "ignore", "This process .* multi-threaded", DeprecationWarning
-            )
-            pid = os.fork()
+        pid = fork()
         if pid == 0:  # draw this group's figures, hand them back, end (never return)
             os.close(read)
             code = 1

@@ -268,10 +268,9 @@ def make_loggers(
     Raises:
         ConfigError: as :func:`check_tracking`.
     """
-    names = check_tracking(tracking)
     loggers: list[Logger] = []
-    if "wandb" in names and (mode := wandb_mode()) != "disabled":
-        loggers.append(_wandb_logger(Path(wandb_dir), run_name, project, mode, wandb_id))
+    if tracks_to_wandb(tracking):
+        loggers.append(_wandb_logger(Path(wandb_dir), run_name, project, wandb_mode(), wandb_id))
     for logger in loggers:
         logger.log_hyperparams(plain_config(config))
     return loggers
@@ -300,6 +299,12 @@ def _wandb_logger(
     )
 
 
+def tracks_to_wandb(tracking: list[str] | str) -> bool:
+    """Whether a run with ``tracking`` logs to W&B: ``wandb`` among its trackers, and W&B not
+    disabled (``WANDB_MODE``). Raises :class:`ConfigError` on an unknown tracker."""
+    return "wandb" in check_tracking(tracking) and wandb_mode() != "disabled"
+
+
 def import_wandb(tracking: list[str]) -> None:
     """Where the run tracks to W&B: import what a process's first W&B run imports — ``wandb``,
     and W&B Launch's job inputs, which every ``wandb.init`` reads (0.7 s together on a 2-core
@@ -307,7 +312,7 @@ def import_wandb(tracking: list[str]) -> None:
     figures run at the end does not wait for them. Starts no thread and no W&B service (a fork
     stays safe); bad ``tracking`` or W&B settings are left to the run's checks."""
     try:
-        if "wandb" not in check_tracking(tracking) or wandb_mode() == "disabled":
+        if not tracks_to_wandb(tracking):
             return
     except ConfigError:
         return
@@ -324,7 +329,7 @@ def share_wandb_service(tracking: list[str]) -> None:
     and the figures' run at the end all use one service (``WANDB_SERVICE``, which each task
     carries) instead of one each: on 2 cores, ``ds_feddro``'s ``jobs=2`` took 0.6–0.9 s and
     0.8 s of CPU less. Writes no file."""
-    if "wandb" not in check_tracking(tracking) or wandb_mode() == "disabled":
+    if not tracks_to_wandb(tracking):
         return
     import wandb
 
@@ -337,11 +342,11 @@ def log_figures(
 ) -> None:
     """Log a run's figures to W&B as images, in a run of their own (``<recipe>-figures``, the
     recipe's group) beside the per-method runs; nothing without W&B tracking."""
-    names = check_tracking(tracking)
-    if "wandb" not in names or (mode := wandb_mode()) == "disabled":
+    if not tracks_to_wandb(tracking):
         return
     import wandb
 
+    mode = wandb_mode()
     run = wandb.init(
         dir=str(run_dir),
         project=project,
