@@ -322,12 +322,8 @@ def _longest(todo: list[Task], took: dict[str, list[float]]) -> int:
     """The task to hand out next: the first whose kind has not finished yet (in the run's
     order), else the one whose kind took longest — the longest first, so that the workers end
     together on short ones rather than one of them running a long one alone at the end."""
-
-    def expected(i: int) -> float:
-        seconds = took.get(todo[i].kind)
-        return sum(seconds) / len(seconds) if seconds else float("inf")
-
-    return max(range(len(todo)), key=lambda i: (expected(i), -i))
+    mean = {kind: sum(seconds) / len(seconds) for kind, seconds in took.items() if seconds}
+    return max(range(len(todo)), key=lambda i: (mean.get(todo[i].kind, float("inf")), -i))
 
 
 def _next_answer(busy: list[Worker]) -> Worker | None:
