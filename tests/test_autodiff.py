@@ -140,6 +140,19 @@ def test_a_modules_call_equals_functional_call_bit_for_bit(name, shape):
     assert torch.equal(call(net, part, x), functional_call(net, part, (x,)))
 
 
+def test_a_modules_call_follows_a_model_changed_after_its_first_call():
+    from torch.func import functional_call
+
+    net = build_model("resnet20", (3, 8, 8), 3, 0).double()
+    x = torch.randn(2, 3, 8, 8, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    call(net, {k: v.detach() for k, v in net.named_parameters()}, x)
+    net.fc = torch.nn.Linear(64, 3).double()  # a new layer: new parameters in new places
+    params = {k: 2 * v.detach() for k, v in net.named_parameters()}
+    for _ in range(2):  # the first call finds the change, the second the places found again
+        assert torch.equal(call(net, params, x), functional_call(net, params, (x,)))
+    assert net.fc.weight is dict(net.named_parameters())["fc.weight"]
+
+
 def test_a_modules_call_puts_its_parameters_back_after_an_error():
     class Failing(torch.nn.Module):
         def __init__(self) -> None:
@@ -180,3 +193,30 @@ def test_tied_weights_and_unknown_names_take_functional_call():
     with pytest.raises(Exception) as theirs:
         functional_call(net, {"nope.weight": w}, (x,))
     assert type(ours.value) is type(theirs.value)
+
+
+def test_a_modules_call_follows_parameters_of_its_own_and_replaced_ones():
+    """A parameter on the model itself, one on an empty container, and a parameter replaced
+    after the first call: each call equals ``functional_call``'s."""
+    from torch.func import functional_call
+
+    class Own(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.scale = torch.nn.Parameter(torch.tensor(2.0))
+            self.box = torch.nn.ModuleList()  # empty, so falsy, yet it holds a parameter
+            self.box.register_parameter("shift", torch.nn.Parameter(torch.tensor(1.0)))
+            self.lin = torch.nn.Linear(2, 2)
+
+        def forward(self, x):
+            return self.scale * self.lin(x) + self.box.shift
+
+    net = Own()
+    x = torch.ones(3, 2)
+    params = {k: 3 * v.detach() for k, v in net.named_parameters()}
+    assert torch.equal(call(net, params, x), functional_call(net, params, (x,)))
+    net.lin.weight = torch.nn.Parameter(torch.zeros(2, 2))  # replaced: the same name, new object
+    for _ in range(2):
+        assert torch.equal(call(net, params, x), functional_call(net, params, (x,)))
+    assert net.lin.weight is dict(net.named_parameters())["lin.weight"]
+    assert net.box.shift is dict(net.named_parameters())["box.shift"]
