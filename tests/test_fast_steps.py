@@ -243,8 +243,49 @@ def test_own_storage():
     assert own_storage([a, b])
     assert not own_storage([a, a])
     assert not own_storage([b[0], b[1]])  # two views of one tensor
-    assert own_storage([b.t()])  # a view of memory no other holds
+    assert own_storage([b[1:]])  # a view of memory no other holds
+    assert not own_storage([b.t()])  # not contiguous: left alone
     assert not own_storage([a], [a.view(1, 3)])
+    assert not own_storage([torch.zeros(1).expand(3)])  # one element seen three times
+
+
+class SummedBias(torch.nn.Module):
+    """A linear layer plus a parameter whose gradient is an expanded tensor (``q.sum()`` in the
+    output hands ``q`` back the output's gradient broadcast, one element per place)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = torch.nn.Linear(8, 4)
+        self.q = torch.nn.Parameter(torch.ones(3))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.lin(x.flatten(1)) + self.q.sum()
+
+
+@pytest.mark.parametrize("name", ["fedavg", "scaffold"])
+def test_in_place_steps_with_an_expanded_gradient(name):
+    """An in-place step must not write into an expanded gradient (torch refuses; and the step
+    must stay the out-of-place one's)."""
+    from lit_fedco.updaters import get_updater
+
+    net = SummedBias()
+    g = torch.Generator().manual_seed(1)
+    x, y = torch.randn(6, 8, generator=g), torch.randint(4, (6,), generator=g)
+    batches = {"inner": {"x": x, "y": y}}
+    cls = get_updater(name)
+    upd = cls(cls.hparams_cls(lr=0.1), net)
+    params = {k: v.detach().clone() for k, v in net.named_parameters()}
+    start = {"x": params}
+    if name == "scaffold":
+        zeros = {k: 0.01 * torch.ones_like(v) for k, v in params.items()}
+        start = {"x": params, "c_i": zeros, "c": {k: 2 * v for k, v in zeros.items()}}
+    grads, _ = upd.loss_gradient(params, batches, {})
+    assert grads["q"].stride() == (0,)  # the case this test is about
+    want, _ = upd.client_step(start, batches, {}, None)  # type: ignore[arg-type]
+    state = {k: {n: v.clone() for n, v in d.items()} for k, d in start.items()}
+    upd.client_step_inplace(state, batches, {}, None)  # type: ignore[arg-type]
+    for k in want["x"]:
+        assert torch.equal(state["x"][k], want["x"][k]), k
 
 
 def test_an_in_place_step_that_returns_a_state_is_named():

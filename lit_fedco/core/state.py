@@ -40,13 +40,16 @@ def tree_axpy(alpha: float | Tensor, x: Any, y: Any) -> Any:
 
 
 def own_storage(tensors: list[Tensor], others: list[Tensor] = ()) -> bool:  # type: ignore[assignment]
-    """Whether no two of ``tensors`` share memory, nor any of them with ``others``, so that each
-    may be overwritten in place without touching another: true of the gradients
-    ``torch.autograd.grad`` returns for most graphs (``p + q`` may hand ``p`` and ``q`` one
-    tensor; a gradient may be a view, of memory no other holds)."""
+    """Whether each of ``tensors`` may be overwritten in place without touching another or any of
+    ``others``: each contiguous (no element seen twice, as in an expanded tensor) and no two
+    sharing memory. True of the gradients ``torch.autograd.grad`` returns for most graphs; not
+    where a forward adds two parameters (``p + q`` may hand both one tensor) or sums one up
+    (``p.sum()`` hands back an expanded scalar)."""
     mine = {t.untyped_storage().data_ptr() for t in tensors}
-    return len(mine) == len(tensors) and mine.isdisjoint(
-        t.untyped_storage().data_ptr() for t in others
+    return (
+        len(mine) == len(tensors)
+        and all(t.is_contiguous() for t in tensors)
+        and mine.isdisjoint(t.untyped_storage().data_ptr() for t in others)
     )
 
 
