@@ -242,7 +242,10 @@ def local_steps(
 ) -> tuple[State, dict[str, Any], State]:
     """LOCAL STEPS: the one loop over t; client k runs step t while t < t_k. Returns the final
     states, the sums of the step logs over the client-steps that ran, and the last per-step
-    means of the STEP entries."""
+    means of the STEP entries. An in-place step that every client runs I times and that syncs
+    nothing per step runs client by client instead, each client's steps back to back
+    (:meth:`~lit_fedco.engine.executors.SequentialExecutor.map_steps`): the same steps, the
+    same sums of the logs."""
     step_keys = [k for k, s in r.upd.client_state.items() if s is Sync.STEP]
     device = tree_leaves(states)[0].device
     log_sum: dict[str, Any] = {}
