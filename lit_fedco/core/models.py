@@ -278,11 +278,10 @@ def _places(model: nn.Module) -> tuple[dict[str, _Slot], list[_Link]] | None:
     slots: dict[str, _Slot] = {}
     links: dict[tuple[int, str], _Link] = {}
     seen: set[int] = set()
-    found: tuple[dict[str, _Slot], list[_Link]] | None = (slots, [])
     for name, p in model.named_parameters(remove_duplicate=False):
-        if id(p) in seen:
-            found = None
-            break
+        if id(p) in seen:  # tied: functional_call unties them
+            _PLACES[model] = None
+            return None
         seen.add(id(p))
         *path, attr = name.split(".")
         owner = model
@@ -292,9 +291,7 @@ def _places(model: nn.Module) -> tuple[dict[str, _Slot], list[_Link]] | None:
             links[(id(owner), step)] = (None if owner is model else owner, step, child)
             owner = child
         slots[name] = (None if owner is model else owner, attr, p)
-    if found is not None:
-        found = (slots, list(links.values()))
-    _PLACES[model] = found
+    _PLACES[model] = found = (slots, list(links.values()))
     return found
 
 

@@ -8,7 +8,7 @@ leaves; the executors stack the states of many clients along a new leading dimen
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -39,7 +39,7 @@ def tree_axpy(alpha: float | Tensor, x: Any, y: Any) -> Any:
     return tree_map(lambda a, b: b + alpha * a, x, y)
 
 
-def own_storage(tensors: list[Tensor], others: list[Tensor] = ()) -> bool:  # type: ignore[assignment]
+def own_storage(tensors: Sequence[Tensor], others: Sequence[Tensor] = ()) -> bool:
     """Whether each of ``tensors`` may be overwritten in place without touching another or any of
     ``others``: each contiguous (no element seen twice, as in an expanded tensor) and no two
     sharing memory. True of the gradients ``torch.autograd.grad`` returns for most graphs; not

@@ -38,7 +38,6 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor
-from torch.utils import _pytree as pytree
 
 from lit_fedco.core.protocol import RoundContext, RoundInfo, StepInfo, Sync
 from lit_fedco.core.server_opt import ServerOptimizer
@@ -185,7 +184,7 @@ def _held_batches(batches: Batches, first: Any, steps: int) -> list[Any] | None:
     """Every step's minibatches of the round (``first`` is step 0's), or None when they would
     take more than :data:`HELD_BATCHES_BYTES`. Each step's but the last is a copy: the sampler
     writes step t + 1's into the buffers of step t's."""
-    leaves = pytree.tree_leaves(first)
+    leaves = tree_leaves(first)
     size = sum(v.numel() * v.element_size() for v in leaves if isinstance(v, Tensor))
     if size * steps > HELD_BATCHES_BYTES:
         return None
@@ -196,7 +195,7 @@ def _held_batches(batches: Batches, first: Any, steps: int) -> list[Any] | None:
     held = []
     for t in range(steps):
         b = first if t == 0 else batches(t)
-        held.append(b if t == steps - 1 else pytree.tree_map(copy, b))
+        held.append(b if t == steps - 1 else tree_map(copy, b))
     return held
 
 
