@@ -217,8 +217,8 @@ class SummedWeight(torch.nn.Module):
 
 
 def test_fedavg_in_place_step_with_gradients_that_share_memory():
-    """FedAvg's in-place step writes the product over autograd's gradients, except where two of
-    them are one tensor (as here): the step must stay the out-of-place step's."""
+    """Where autograd hands two parameters one gradient tensor (as here), FedAvg's in-place step
+    must stay the out-of-place step's."""
     from lit_fedco.core.state import own_storage
 
     net = SummedWeight()
@@ -300,3 +300,43 @@ def test_an_in_place_step_that_returns_a_state_is_named():
     loop.updater = Wrong(FedAvg.hparams_cls(lr=0.1), loop.updater.model, loop.updater.objective)
     with pytest.raises(TypeError, match=r"Wrong.client_step_inplace must return the step's logs"):
         loop.run_round()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_foreach_axpy_is_tree_axpy_bit_for_bit(dtype, monkeypatch):
+    """The in-place ``y + α x`` rounds the product before the sum, as the out-of-place one: in
+    one pass on the CPU (its ``addcmul_`` keeps the two roundings) and in the fallback."""
+    from lit_fedco.core import state as state_mod
+
+    g = torch.Generator().manual_seed(5)
+    xs = [torch.randn(s, generator=g, dtype=torch.float64).to(dtype) for s in [(33, 17), (5,), ()]]
+    ys = [torch.randn(x.shape, generator=g, dtype=torch.float64).to(dtype) for x in xs]
+    want = state_mod.tree_axpy(-0.037, xs, ys)
+    assert state_mod._addcmul_rounds_product(torch.device("cpu"), dtype)  # the one pass here
+    for one_pass in (True, False):
+        monkeypatch.setattr(state_mod, "_ONE_PASS", {("cpu", dtype): one_pass})
+        got = [y.clone() for y in ys]
+        state_mod.foreach_axpy_(-0.037, xs, got)
+        assert all(torch.equal(a, b) for a, b in zip(got, want, strict=True)), one_pass
+
+
+def test_foreach_axpy_falls_back_where_addcmul_rounds_once(monkeypatch):
+    """A device whose ``addcmul_`` computes ``y + α x`` with one rounding (a fused multiply-add, a
+    wider accumulator) is found out by the probe, and the step takes the two-pass form."""
+    from lit_fedco.core import state as state_mod
+
+    real = torch.Tensor.addcmul_
+
+    def rounds_once(self, t1, t2, value=1):
+        wide = self.double() + value * t1.double() * t2.double()
+        return self.copy_(wide.to(self.dtype))
+
+    monkeypatch.setattr(state_mod, "_ONE_PASS", {})
+    monkeypatch.setattr(torch.Tensor, "addcmul_", rounds_once)
+    assert not state_mod._addcmul_rounds_product(torch.device("cpu"), torch.float32)
+    monkeypatch.setattr(torch.Tensor, "addcmul_", real)
+    assert state_mod._ONE_PASS[("cpu", torch.float32)] is False
+    x, y = torch.randn(100, generator=torch.Generator().manual_seed(1)), torch.ones(100) / 3
+    got = y.clone()
+    state_mod.foreach_axpy_(-0.05, [x], [got])
+    assert torch.equal(got, y + -0.05 * x)

@@ -17,11 +17,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import torch
 from torch import Tensor
 
 from lit_fedco.core.protocol import StepInfo
-from lit_fedco.core.state import State, own_storage, tree_axpy
+from lit_fedco.core.state import State, foreach_axpy_, tree_axpy
 from lit_fedco.objectives.base import Batch, Context
 from lit_fedco.updaters.base import CompositionalUpdater, H, ServerOptHparams, combine, register
 
@@ -45,15 +44,10 @@ class FedAvg(CompositionalUpdater[H]):
     ) -> dict[str, Tensor]:
         """:meth:`client_step` written into the client's rows: ``x ← x + (−η ∇ℓ)``, the same
         two roundings as the out-of-place step (the product, then the sum), so the same
-        numbers. The product is written over autograd's gradients where none shares memory
-        with another (:func:`~lit_fedco.core.state.own_storage`): no new tensor per step."""
+        numbers, in one pass over the weights where the device allows
+        (:func:`~lit_fedco.core.state.foreach_axpy_`): no new tensor per step."""
         g, loss = self.loss_gradient(state["x"], batches, ctx)
-        params, grads = list(state["x"].values()), [g[k] for k in state["x"]]
-        if own_storage(grads, params):  # autograd's fresh gradients: the product written over them
-            torch._foreach_mul_(grads, -self.hparams.lr)
-            torch._foreach_add_(params, grads)
-        else:
-            torch._foreach_add_(params, torch._foreach_mul(grads, -self.hparams.lr))
+        foreach_axpy_(-self.hparams.lr, [g[k] for k in state["x"]], list(state["x"].values()))
         return {"loss": loss}
 
     def client_step_stacked(

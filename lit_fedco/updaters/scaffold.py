@@ -27,7 +27,7 @@ import torch
 from torch import Tensor
 
 from lit_fedco.core.protocol import RoundContext, RoundInfo, StepInfo, Sync
-from lit_fedco.core.state import State, own_storage, tree_map
+from lit_fedco.core.state import State, foreach_axpy_, own_storage, tree_map
 from lit_fedco.objectives.base import Batch, Context
 from lit_fedco.updaters.base import CompositionalUpdater, Hparams, register
 
@@ -74,12 +74,15 @@ class Scaffold(CompositionalUpdater[Hparams]):
         self, state: State, batches: dict[str, Batch], ctx: Context, step: StepInfo
     ) -> dict[str, Tensor]:
         """:meth:`client_step` written into the client's rows: the same operations in the same
-        order (``g − c_i``, ``+ c``, ``· η_l``, then subtracted from y)."""
+        order (``g − c_i``, ``+ c``, ``· η_l``, then subtracted from y: added as ``(−η_l) d``,
+        the same number)."""
         g, loss = self.loss_gradient(state["x"], batches, ctx)
         own = own_storage(list(g.values()), list(state["x"].values()))  # written over if so
-        for k, y in state["x"].items():
+        ds = []
+        for k in state["x"]:
             d = g[k].sub_(state["c_i"][k]) if own else g[k] - state["c_i"][k]
-            y.sub_(d.add_(state["c"][k]).mul_(self.hparams.lr))
+            ds.append(d.add_(state["c"][k]))
+        foreach_axpy_(-self.hparams.lr, ds, list(state["x"].values()))
         return {"loss": loss}
 
     def client_end(self, state: State, start: State, ctx: Context, steps: Tensor) -> State:
