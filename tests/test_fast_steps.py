@@ -340,3 +340,58 @@ def test_foreach_axpy_falls_back_where_addcmul_rounds_once(monkeypatch):
     got = y.clone()
     state_mod.foreach_axpy_(-0.05, [x], [got])
     assert torch.equal(got, y + -0.05 * x)
+
+
+@pytest.mark.parametrize("probes", [False, True])
+@pytest.mark.parametrize("name", ["fedavg", "scaffold"])
+def test_client_major_rounds_copy_the_start_per_client_and_leave_the_server_alone(
+    name, probes, monkeypatch
+):
+    """The client-major steps write each client's copy of the broadcast start when the client
+    starts: the server state the round began from is not touched, every client starts from it,
+    and a probe in the round context (which reads the clients' states before any step) sees the
+    same start."""
+    from lit_fedco.core.state import tree_clone, tree_leaves
+    from lit_fedco.engine import round as round_mod
+
+    seen = []
+
+    def run(client_major: bool) -> tuple[np.ndarray, list]:
+        monkeypatch.setattr(round_mod, "HELD_BATCHES_BYTES", 64 * 2**20 if client_major else 0)
+        loop = make_loop(name, {"lr": 0.1}, executor="sequential", rounds=3)
+        if probes:
+            cls = type(loop.updater)
+
+            class Probing(cls):  # type: ignore[misc, valid-type]
+                def round_context(self, server, info, probe):
+                    rows = probe(lambda s, b: torch.stack([v.sum() for v in s["x"].values()]))
+                    seen.append(rows)
+                    return super().round_context(server, info, probe)
+
+            u = loop.updater
+            loop.updater = Probing(u.hparams, u.model, u.objective)
+        for _ in range(3):
+            before = loop.server
+            snapshot = tree_clone(before)
+            loop.run_round()
+            for a, b in zip(tree_leaves(before), tree_leaves(snapshot), strict=True):
+                assert torch.equal(a, b)  # the old server state, as it was
+        return flat_server(loop), [h["train/loss"] for h in loop.history]
+
+    calls = {"n": 0}
+    real = SequentialExecutor.map_steps
+
+    def counted(self, *a):
+        calls["n"] += 1
+        return real(self, *a)
+
+    monkeypatch.setattr(SequentialExecutor, "map_steps", counted)
+    a = run(True)
+    assert calls["n"] == 3
+    b = run(False)
+    assert calls["n"] == 3  # the step-major run took the other path
+    assert np.array_equal(a[0], b[0]) and a[1] == b[1]
+    if probes:  # each client's probe saw the server's model, in both runs
+        for rows in seen:
+            assert torch.equal(rows, rows[:1].expand_as(rows))
+        assert all(torch.equal(x, y) for x, y in zip(seen[:3], seen[3:], strict=True))
