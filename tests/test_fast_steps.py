@@ -344,13 +344,11 @@ def test_foreach_axpy_falls_back_where_addcmul_rounds_once(monkeypatch):
 
 @pytest.mark.parametrize("probes", [False, True])
 @pytest.mark.parametrize("name", ["fedavg", "scaffold"])
-def test_client_major_rounds_copy_the_start_per_client_and_leave_the_server_alone(
-    name, probes, monkeypatch
-):
-    """The client-major steps write each client's copy of the broadcast start when the client
-    starts: the server state the round began from is not touched, every client starts from it,
-    and a probe in the round context (which reads the clients' states before any step) sees the
-    same start."""
+def test_client_major_and_step_major_rounds_leave_the_server_alone(name, probes, monkeypatch):
+    """Steps written into the clients' rows, client by client or step by step, never touch the
+    server state the round began from; both give the same numbers; and a probe in the round
+    context (which reads the clients' states before any step) sees every client start from the
+    server's model."""
     from lit_fedco.core.state import tree_clone, tree_leaves
     from lit_fedco.engine import round as round_mod
 

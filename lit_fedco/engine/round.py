@@ -32,7 +32,7 @@ every client of the process runs.
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
@@ -100,7 +100,6 @@ class _Round:
     done: Tensor | None  # t_k per client of this process (CPU); None: every client runs I steps
     up: float = 0.0  # floats sent by the whole cohort
     down: float = 0.0  # floats received by the whole cohort
-    pending: set[str] = field(default_factory=set)  # state entries not yet written (below)
 
     @property
     def n(self) -> int:
@@ -145,17 +144,6 @@ def _sum_rows(v: Tensor, mask: Tensor | None, weights: Tensor | None = None) -> 
     if mask is None:
         return v.sum(0)
     return torch.where(mask.view(-1, *[1] * (v.dim() - 1)), v, 0).sum(0)
-
-
-def written(r: _Round, states: State) -> State:
-    """``states`` with every entry written: the :attr:`_Round.pending` entries, read-only views
-    of the broadcast ``start`` rows until here, become ``n`` copies (as
-    :func:`~lit_fedco.core.state.broadcast` makes them)."""
-    if not r.pending:
-        return states
-    out = {**states, **{k: tree_map(lambda v: v.clone(), states[k]) for k in r.pending}}
-    r.pending = set()
-    return out
 
 
 def unique_numel(tree: Any) -> int:
@@ -214,21 +202,15 @@ def _held_batches(batches: Batches, first: Any, steps: int) -> list[Any] | None:
 # ---------------------------------------------------------------------- phases
 def broadcast_state(r: _Round, server: State, store: ClientStore | None) -> tuple[State, State]:
     """BROADCAST: what every cohort client receives (``start``, unbatched), and the clients'
-    states: ``start`` with each one's kept rows from the store (``[n, ...]``). The rows from
-    ``start`` are views of it, not yet written (:attr:`_Round.pending`): before a probe or a
-    step reads them they are copied (:func:`written`), or, for steps client by client, each
-    client's when it starts (the copy then stays in the cache for its steps)."""
+    states: ``start`` with each one's kept rows from the store (``[n, ...]``)."""
     upd = r.upd
     start = {k: server[k] for k in upd.broadcast_keys if k in server}
     start.update(upd.init_client(server, r.info))
     sync = upd.client_state
     r.down += r.m * unique_numel({k: v for k, v in start.items() if sync.get(k) is not Sync.KEEP})
-    states = tree_map(lambda v: v.unsqueeze(0).expand(r.n, *v.shape), start)
-    r.pending = set(states)
+    states = broadcast(start, r.n)
     if store is not None and store.rows:
-        kept = store.read(r.clients)
-        states = {**states, **kept}
-        r.pending -= set(kept)
+        states = {**states, **store.read(r.clients)}
     return start, states
 
 
@@ -240,8 +222,6 @@ def round_context(
     so after this point: its probe is part of the context."""
 
     def probe(fn: Callable[[State, Any], Any]) -> Tensor:
-        nonlocal states
-        states = written(r, states)
         local = r.ex.map(lambda s, b, c: fn(s, b), states, first, {}, r.n)
         rows = r.comm.cohort_rows(local, r.positions, r.m)
         r.up += r.m * rows[0].numel()
@@ -252,7 +232,6 @@ def round_context(
     if ctx.per_client:  # each client receives its own row
         own = {k: v[r.positions.to(v.device)] for k, v in ctx.per_client.items()}
         states = {**states, **own}
-        r.pending -= set(own)
         r.down += r.m * sum(v[0].numel() for v in ctx.per_client.values())
     return ctx, states
 
@@ -279,13 +258,10 @@ def local_steps(
     )
     if held is not None:  # each client's steps back to back (the same steps, client-major)
         step = partial(_inplace_step_t, r.upd, r.info)
-        pending, r.pending = r.pending, set()
-        states, steps = r.ex.map_steps(step, states, held, ctx.broadcast, r.n, pending)
-        for logs in steps:
+        for logs in r.ex.map_steps(step, states, held, ctx.broadcast, r.n):
             for key, v in logs.items():
                 log_sum[key] = log_sum.get(key, 0.0) + _sum_rows(v.detach(), None)
         return states, log_sum, step_mean
-    states = written(r, states)
     for t in range(r.info.local_steps):
         running = r.running(t, device)
         b = first if t == 0 else batches(t)
