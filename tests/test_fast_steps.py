@@ -312,9 +312,11 @@ def test_foreach_axpy_is_tree_axpy_bit_for_bit(dtype, monkeypatch):
     xs = [torch.randn(s, generator=g, dtype=torch.float64).to(dtype) for s in [(33, 17), (5,), ()]]
     ys = [torch.randn(x.shape, generator=g, dtype=torch.float64).to(dtype) for x in xs]
     want = state_mod.tree_axpy(-0.037, xs, ys)
-    assert state_mod._addcmul_rounds_product(torch.device("cpu"), dtype)  # the one pass here
+    cpu = torch.device("cpu")
+    assert state_mod._one_pass(cpu, dtype) is not None  # the one pass here
     for one_pass in (True, False):
-        monkeypatch.setattr(state_mod, "_ONE_PASS", {("cpu", dtype): one_pass})
+        one = torch.ones((), dtype=dtype) if one_pass else None
+        monkeypatch.setattr(state_mod, "_ONE", {(cpu, dtype): one})
         got = [y.clone() for y in ys]
         state_mod.foreach_axpy_(-0.037, xs, got)
         assert all(torch.equal(a, b) for a, b in zip(got, want, strict=True)), one_pass
@@ -331,11 +333,12 @@ def test_foreach_axpy_falls_back_where_addcmul_rounds_once(monkeypatch):
         wide = self.double() + value * t1.double() * t2.double()
         return self.copy_(wide.to(self.dtype))
 
-    monkeypatch.setattr(state_mod, "_ONE_PASS", {})
+    cpu = torch.device("cpu")
+    monkeypatch.setattr(state_mod, "_ONE", {})
     monkeypatch.setattr(torch.Tensor, "addcmul_", rounds_once)
-    assert not state_mod._addcmul_rounds_product(torch.device("cpu"), torch.float32)
+    assert state_mod._one_pass(cpu, torch.float32) is None
     monkeypatch.setattr(torch.Tensor, "addcmul_", real)
-    assert state_mod._ONE_PASS[("cpu", torch.float32)] is False
+    assert list(state_mod._ONE.items()) == [((cpu, torch.float32), None)]
     x, y = torch.randn(100, generator=torch.Generator().manual_seed(1)), torch.ones(100) / 3
     got = y.clone()
     state_mod.foreach_axpy_(-0.05, [x], [got])

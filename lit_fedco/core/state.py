@@ -39,38 +39,38 @@ def tree_axpy(alpha: float | Tensor, x: Any, y: Any) -> Any:
     return tree_map(lambda a, b: b + alpha * a, x, y)
 
 
-_ONE_PASS: dict[tuple[str, torch.dtype], bool] = {}
-"""Per (device type, dtype): whether ``addcmul_`` rounds ``alpha · x`` before adding it
-(:func:`foreach_axpy_`)."""
+_ONE: dict[tuple[torch.device, torch.dtype], Tensor | None] = {}
+"""Per device and dtype: a 0-d one when ``addcmul_`` rounds ``alpha · x`` before adding it (a
+one-pass :func:`foreach_axpy_`), else None."""
 
 
-def _addcmul_rounds_product(device: torch.device, dtype: torch.dtype) -> bool:
-    """Whether ``y.addcmul_(x, 1, value=alpha)`` gives exactly ``y + alpha * x`` on this device
-    and dtype: the product rounded, then the sum (no fused multiply-add, no wider accumulator).
-    Checked once, on 4,099 random elements (a vector kernel's body and its tail): a fused
-    multiply-add differs from the two roundings on a large share of them."""
-    key = (device.type, dtype)
-    if key not in _ONE_PASS:
+def _one_pass(device: torch.device, dtype: torch.dtype) -> Tensor | None:
+    """A 0-d one on ``device`` if ``y.addcmul_(x, one, value=alpha)`` gives exactly
+    ``y + alpha * x`` there in ``dtype`` (the product rounded, then the sum: no fused
+    multiply-add, no wider accumulator), else None. Checked once, on 4,099 random elements (a
+    vector kernel's body and its tail): a single rounding differs from two on many of them."""
+    key = (device, dtype)
+    if key not in _ONE:
         gen = torch.Generator().manual_seed(20)
         x, y = (torch.randn(4099, generator=gen, dtype=torch.float64).to(device, dtype)
                 for _ in range(2))  # fmt: skip
         one = torch.ones((), dtype=dtype, device=device)
-        _ONE_PASS[key] = torch.equal(y.clone().addcmul_(x, one, value=-0.05), y + -0.05 * x)
-    return _ONE_PASS[key]
+        same = torch.equal(y.clone().addcmul_(x, one, value=-0.05), y + -0.05 * x)
+        _ONE[key] = one if same else None
+    return _ONE[key]
 
 
 def foreach_axpy_(alpha: float, xs: Sequence[Tensor], ys: Sequence[Tensor]) -> None:
     """``ys[i] ← ys[i] + alpha · xs[i]`` in place, with the numbers of :func:`tree_axpy` (the
     product rounded, then the sum). In one pass over memory where the device's ``addcmul_`` keeps
-    those two roundings (checked once per device type and dtype; true of the CPU kernels in
-    float32 and float64), else the product in a new tensor and then the sum. ``ys`` must share
-    no memory with ``xs`` or with each other."""
+    those two roundings (checked once per device and dtype; true of the CPU kernels in float32
+    and float64), else the product in a new tensor and then the sum. ``ys`` must share no memory
+    with ``xs`` or with each other."""
     if not ys:
         return
-    ref = ys[0]
-    if _addcmul_rounds_product(ref.device, ref.dtype):
-        one = torch.ones((), dtype=ref.dtype, device=ref.device)
-        torch._foreach_addcmul_(list(ys), list(xs), [one.expand_as(x) for x in xs], value=alpha)
+    one = _one_pass(ys[0].device, ys[0].dtype)
+    if one is not None:
+        torch._foreach_addcmul_(list(ys), list(xs), [one] * len(ys), value=alpha)
     else:
         torch._foreach_add_(list(ys), torch._foreach_mul(list(xs), alpha))
 
