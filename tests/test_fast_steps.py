@@ -345,6 +345,22 @@ def test_foreach_axpy_falls_back_where_addcmul_rounds_once(monkeypatch):
     assert torch.equal(got, y + -0.05 * x)
 
 
+def test_foreach_axpy_of_mixed_dtypes_takes_two_passes(monkeypatch):
+    """Only one device and dtype is probed per call: a float16 tensor beside a float32 one (whose
+    ``addcmul_`` would compute in float32 and round once) takes the two-pass form."""
+    from lit_fedco.core import state as state_mod
+
+    cpu = torch.device("cpu")
+    monkeypatch.setattr(state_mod, "_ONE", {(cpu, torch.float32): torch.ones(())})
+    g = torch.Generator().manual_seed(2)
+    xs = [torch.randn(300, generator=g), torch.randn(300, generator=g).half()]
+    ys = [torch.randn(300, generator=g), torch.randn(300, generator=g).half()]
+    got = [y.clone() for y in ys]
+    state_mod.foreach_axpy_(-0.05, xs, got)
+    assert all(torch.equal(a, y + -0.05 * x) for a, x, y in zip(got, xs, ys, strict=True))
+    assert (cpu, torch.float16) not in state_mod._ONE  # nothing probed: the pair took two passes
+
+
 @pytest.mark.parametrize("probes", [False, True])
 @pytest.mark.parametrize("name", ["fedavg", "scaffold"])
 def test_client_major_and_step_major_rounds_leave_the_server_alone(name, probes, monkeypatch):

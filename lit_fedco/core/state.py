@@ -65,10 +65,11 @@ def foreach_axpy_(alpha: float, xs: Sequence[Tensor], ys: Sequence[Tensor]) -> N
     product rounded, then the sum). In one pass over memory where the device's ``addcmul_`` keeps
     those two roundings (checked once per device and dtype; true of the CPU kernels in float32
     and float64), else the product in a new tensor and then the sum. ``ys`` must share no memory
-    with ``xs`` or with each other."""
+    with ``xs`` or with each other. Tensors of several devices or dtypes take two passes."""
     if not ys:
         return
-    one = _one_pass(ys[0].device, ys[0].dtype)
+    kinds = {(y.device, y.dtype) for y in ys}
+    one = _one_pass(*kinds.pop()) if len(kinds) == 1 else None
     if one is not None:
         torch._foreach_addcmul_(list(ys), list(xs), [one] * len(ys), value=alpha)
     else:
