@@ -146,6 +146,13 @@ def _sum_rows(v: Tensor, mask: Tensor | None, weights: Tensor | None = None) -> 
     return torch.where(mask.view(-1, *[1] * (v.dim() - 1)), v, 0).sum(0)
 
 
+def _add_logs(log_sum: dict[str, Any], logs: dict[str, Tensor], running: Tensor | None) -> None:
+    """Add one step's logs (``[n]`` per key) of the clients marked ``running`` (all with None)
+    to the round's sums."""
+    for key, v in logs.items():
+        log_sum[key] = log_sum.get(key, 0.0) + _sum_rows(v.detach(), running)
+
+
 def unique_numel(tree: Any) -> int:
     """Elements of the distinct tensors of ``tree`` (one tensor under two keys is sent once)."""
     return sum(t.numel() for t in {id(t): t for t in tree_leaves(tree)}.values())
@@ -259,8 +266,7 @@ def local_steps(
     if held is not None:  # each client's steps back to back (the same steps, client-major)
         step = partial(_inplace_step_t, r.upd, r.info)
         for logs in r.ex.map_steps(step, states, held, ctx.broadcast, r.n):
-            for key, v in logs.items():
-                log_sum[key] = log_sum.get(key, 0.0) + _sum_rows(v.detach(), None)
+            _add_logs(log_sum, logs, None)
         return states, log_sum, step_mean
     for t in range(r.info.local_steps):
         running = r.running(t, device)
@@ -272,8 +278,7 @@ def local_steps(
             step = partial(_stacked_step if stacked else _step, r.upd, info)
             new, logs = r.ex.map(step, states, b, ctx.broadcast, r.n, stacked)
             states = _where(running, new, states)
-        for key, v in logs.items():
-            log_sum[key] = log_sum.get(key, 0.0) + _sum_rows(v.detach(), running)
+        _add_logs(log_sum, logs, running)
         if step_keys:
             states, step_mean = sync_step(r, states, step_keys, running, step_mean)
     return states, log_sum, step_mean
