@@ -34,7 +34,9 @@ if TYPE_CHECKING:
         tree_sub,
         tree_zeros,
     )
+    from lit_fedco.engine.simulate import run_rounds
     from lit_fedco.objectives.base import Batch, Context, Objective
+    from lit_fedco.problems import Problem, register_problem
     from lit_fedco.updaters import (
         CompositionalUpdater,
         Hparams,
@@ -59,6 +61,11 @@ _LAZY = {
     "combine": "lit_fedco.updaters",
     "get_updater": "lit_fedco.updaters",
     "available_updaters": "lit_fedco.updaters",
+    # problems: what depends on the data and the task (samplers, evaluation, objectives)
+    "Problem": "lit_fedco.problems",
+    "register_problem": "lit_fedco.problems",
+    # full-participation rounds on fixed batches in one process (examples, tests)
+    "run_rounds": "lit_fedco.engine.simulate",
     # the round's vocabulary
     "Sync": "lit_fedco.core.protocol",
     "RoundInfo": "lit_fedco.core.protocol",
@@ -90,6 +97,7 @@ __all__ = [
     "Hparams",
     "Objective",
     "Probe",
+    "Problem",
     "RoundContext",
     "RoundInfo",
     "ServerOptConfig",
@@ -103,7 +111,9 @@ __all__ = [
     "get_updater",
     "main",
     "register",
+    "register_problem",
     "run",
+    "run_rounds",
     "tree_axpy",
     "tree_clone",
     "tree_dot",
