@@ -142,14 +142,19 @@ def test_data_layers_import_only_downwards():
     nothing of clients' containers, samplers or builders; only ``build`` knows them all."""
     graph = import_graph(PACKAGE)
     data = {m: {d for d in deps if d.startswith("lit_fedco.data")} for m, deps in graph.items()}
+    names = "lit_fedco.data.names"  # plain tuples, at the bottom
     below = {
+        names: set(),
         "lit_fedco.data.cifar": set(),
         "lit_fedco.data.omniglot": set(),
-        "lit_fedco.data.sources": {"lit_fedco.data.cifar"},
-        "lit_fedco.data.partition": set(),
+        "lit_fedco.data.sources": {"lit_fedco.data.cifar", names},
+        "lit_fedco.data.pools": set(),
+        "lit_fedco.data.readers": {"lit_fedco.data.pools"},
+        "lit_fedco.data.user": {"lit_fedco.data.pools"},
+        "lit_fedco.data.partition": {names},
         "lit_fedco.data.container": {"lit_fedco.data.partition"},
         "lit_fedco.data.samplers": {"lit_fedco.data.container"},
-        "lit_fedco.data.specs": {"lit_fedco.data.partition"},
+        "lit_fedco.data.specs": {"lit_fedco.data.partition", names, "lit_fedco.data.user"},
     }
     for module, allowed in below.items():
         assert data[module] <= allowed, f"{module} imports {sorted(data[module] - allowed)}"

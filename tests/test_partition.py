@@ -10,9 +10,13 @@ from lit_fedco.data.partition import (
     partition_dirichlet,
     partition_dominant_class,
     partition_iid,
+    partition_natural,
     partition_quantity_imbalanced,
+    partition_shards,
+    partition_size_skew,
     partition_stats,
     validation_like,
+    validation_own,
 )
 
 LABELS = np.repeat(np.arange(10), 100)  # 1000 samples, 100 per class
@@ -38,6 +42,8 @@ PARTITIONERS = {
     "dirichlet": lambda g: partition_dirichlet(LABELS, 5, 0.5, g),
     "quantity": lambda g: partition_quantity_imbalanced(LABELS, 5, 300, 20, g, small_classes=3),
     "dominant_class": lambda g: partition_dominant_class(LABELS, 5, 0.28, g),
+    "shards": lambda g: partition_shards(LABELS, 5, 2, g),
+    "size_skew": lambda g: partition_size_skew(LABELS, 5, 1.0, g),
 }
 
 
@@ -226,5 +232,92 @@ def test_partition_stats_counts_classes():
     ],
 )
 def test_bad_arguments_raise_config_errors(call, pattern):
+    with pytest.raises(ConfigError, match=pattern):
+        call()
+
+
+# ---------------------------------------------------------------------- shards, size_skew, natural
+UNEVEN = np.repeat(np.arange(7), [5, 40, 90, 13, 200, 61, 3])  # 412 samples, uneven classes
+
+
+def covers_once(parts, n):
+    allidx = np.concatenate(parts)
+    return sorted(allidx.tolist()) == list(range(n))
+
+
+@pytest.mark.parametrize("labels", [LABELS, UNEVEN], ids=["even", "uneven"])
+@pytest.mark.parametrize(("k", "per"), [(5, 2), (20, 2), (10, 1), (7, 3), (50, 4)])
+def test_shards_give_each_client_at_most_k_classes_and_every_sample_once(labels, k, per):
+    parts = partition_shards(labels, k, per, rng(3))
+    assert len(parts) == k and covers_once(parts, len(labels))
+    assert all(len(p) > 0 and len(np.unique(labels[p])) <= per for p in parts)
+    if labels is LABELS and k * per % 10 == 0:  # shards of one size: clients of one size
+        assert max(map(len, parts)) - min(map(len, parts)) <= per
+
+
+def test_shards_of_one_class_per_client_are_whole_class_slices():
+    parts = partition_shards(LABELS, 10, 1, rng())
+    assert sorted(int(np.unique(LABELS[p])[0]) for p in parts) == list(range(10))
+    assert [len(p) for p in parts] == [100] * 10
+
+
+def test_size_skew_sizes_follow_the_lognormal_draws():
+    for sigma in (0.5, 1.0, 2.0):
+        parts = partition_size_skew(LABELS, 12, sigma, rng(7))
+        assert covers_once(parts, len(LABELS)) and min(map(len, parts)) >= 1
+        weights = rng(7).lognormal(0.0, sigma, 12)  # the partitioner's first draws
+        sizes = np.array([len(p) for p in parts])
+        # sizes are 1 + the largest-remainder rounding of (N - K) * w / sum(w)
+        assert np.all(np.abs(sizes - 1 - weights / weights.sum() * (1000 - 12)) < 1)
+        order = np.argsort(weights)
+        assert np.all(np.diff(sizes[order]) >= 0)  # larger draws, larger clients
+
+
+def test_size_skew_sigma_zero_is_equal_and_larger_sigma_more_skewed():
+    equal = partition_size_skew(LABELS, 8, 0.0, rng())
+    assert {len(p) for p in equal} == {125}
+
+    def spread(sigma):  # coefficient of variation of the sizes, over seeds
+        sizes = [[len(p) for p in partition_size_skew(LABELS, 20, sigma, rng(s))] for s in range(5)]
+        return float(np.mean([np.std(z) / np.mean(z) for z in sizes]))
+
+    assert spread(0.3) < spread(1.0) < spread(2.0)
+
+
+def test_natural_gives_each_group_its_own_client():
+    groups = np.array(["w3", "w1", "w2", "w1", "w3", "w3", "w2", "w1", "w9"])
+    parts = partition_natural(groups, 4)
+    assert [groups[p].tolist() for p in parts] == [["w1"] * 3, ["w2"] * 2, ["w3"] * 3, ["w9"]]
+    assert covers_once(parts, len(groups))
+    ints = partition_natural(np.array([5, 2, 5, 2, 7]), 3)
+    assert [p.tolist() for p in ints] == [[1, 3], [0, 2], [4]]
+    assert all(p.dtype == np.int64 for p in ints)
+
+
+def test_validation_own_gives_each_client_its_groups_held_out_rows():
+    train = np.array(["b", "a", "c", "a"])
+    test = np.array(["c", "a", "zz", "b", "a", "c"])
+    val = validation_own(train, test)  # clients a, b, c; the row of zz is nobody's
+    assert [test[v].tolist() for v in val] == [["a", "a"], ["b"], ["c", "c"]]
+    with pytest.raises(ConfigError, match=r"data\.val_mode: got 'own', but 1 of the 3 clients have "
+                       r"no held-out row of their own \(client 1, group 'b'"):  # fmt: skip
+        validation_own(train, np.array(["a", "c"]))
+    with pytest.raises(ConfigError, match=r"training group ids are strings and the test split's"):
+        validation_own(train, np.array([1, 2]))
+
+
+@pytest.mark.parametrize(
+    "call,pattern",
+    [
+        (lambda: partition_shards(LABELS, 5, 0, rng()), r"data\.shards_per_client: got 0, expected an int >= 1"),  # noqa: E501
+        (lambda: partition_shards(LABELS, 4, 2, rng()), r"data\.shards_per_client: got 2, expected at least 3, so that each of the 10 classes"),  # noqa: E501
+        (lambda: partition_shards(LABELS[:30], 10, 4, rng()), r"data\.shards_per_client: got 4, expected num_clients \* shards_per_client <= the 30 samples"),  # noqa: E501
+        (lambda: partition_shards(LABELS[:5], 6, 1, rng()), r"data\.num_clients: got 6, expected at most the 5 samples"),  # noqa: E501
+        (lambda: partition_size_skew(LABELS, 5, -0.1, rng()), r"data\.size_sigma: got -0\.1, expected a float >= 0"),  # noqa: E501
+        (lambda: partition_size_skew(LABELS[:3], 4, 1.0, rng()), r"data\.num_clients: got 4, expected at most the 3 samples"),  # noqa: E501
+        (lambda: partition_natural(np.array([1, 2, 2]), 3), r"data\.num_clients: got 3, expected the 2 group ids of the training data .*; set e\.g\. data\.num_clients=2"),  # noqa: E501
+    ],
+)  # fmt: skip
+def test_new_partitions_refuse_bad_arguments(call, pattern):
     with pytest.raises(ConfigError, match=pattern):
         call()

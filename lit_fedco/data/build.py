@@ -31,7 +31,10 @@ from lit_fedco.core.seeding import numpy_generator
 from lit_fedco.data import partition as P
 from lit_fedco.data.adult import load_adult
 from lit_fedco.data.container import FederatedData, build_federated
+from lit_fedco.data.names import FILE_READERS, is_function_ref
 from lit_fedco.data.omniglot import load_omniglot, omniglot_split
+from lit_fedco.data.pools import Pools
+from lit_fedco.data.readers import read_file_source
 from lit_fedco.data.sources import load_digits_arrays, load_source, source_note
 from lit_fedco.data.specs import (
     AdultSpec,
@@ -92,10 +95,34 @@ def drop_positives(y: Tensor, fraction: float, rng: np.random.Generator) -> Tens
 
 
 def _partition(
-    spec: PartitionedSpec, labels: np.ndarray, rng: np.random.Generator
+    spec: PartitionedSpec,
+    labels: np.ndarray,
+    rng: np.random.Generator,
+    groups: np.ndarray | None = None,
 ) -> list[np.ndarray]:
     """The training pool's split over the clients by ``spec.partition``."""
     k = spec.num_clients
+    if spec.partition == "shards":
+        return P.partition_shards(labels, k, spec.shards_per_client, rng)
+    if spec.partition == "size_skew":
+        return P.partition_size_skew(labels, k, spec.size_sigma, rng)
+    if spec.partition == "natural":
+        if groups is None:
+            raise ConfigError(
+                f"data.partition: got 'natural' (a client per group id), but data.name="
+                f"{spec.name} gives no group ids; use a source with them (npz: a group array; "
+                "imagefolder: files named <group>_<rest>; hf_disk: data.group_column; text: "
+                "NAME: lines) or another partition, e.g. data.partition=dirichlet",
+                key="data.partition",
+            )
+        if len(groups) != len(labels):
+            raise ConfigError(
+                f"data.partition: got 'natural', but the training rows were subset "
+                f"({len(labels)} of {len(groups)} group ids left; data.heldout=train or "
+                "data.binary); use the source's own test split with a natural partition",
+                key="data.partition",
+            )
+        return P.partition_natural(groups, k)
     if spec.partition == "quantity":
         return P.partition_quantity_imbalanced(
             labels, k, spec.big, spec.small, rng, spec.small_classes or None
@@ -112,11 +139,14 @@ def make_partitioned(spec: PartitionedSpec) -> FederatedData:
     validation set from the held-out pool.
 
     ``partition`` is ``quantity`` (client 0 holds ``big`` samples, the others ``small``, each
-    from ``small_classes`` classes, 0 meaning all), ``iid``, ``dirichlet`` (``alpha``) or
-    ``dominant_class`` (``rho``). Validation (``val_mode``): ``client`` draws
+    from ``small_classes`` classes, 0 meaning all), ``iid``, ``dirichlet`` (``alpha``),
+    ``dominant_class`` (``rho``), ``shards`` (``shards_per_client``), ``size_skew``
+    (``size_sigma``) or ``natural`` (a client per group id; ``stats["client_groups"]`` names
+    them). Validation (``val_mode``): ``client`` draws
     ``val_per_client`` held-out samples with the client's class proportions, so that a client
     with 20 training images is still evaluated on its own distribution; ``all`` splits the
-    whole held-out set evenly (the paper's test accuracy, pooled). With ``binary`` the labels
+    whole held-out set evenly (the paper's test accuracy, pooled); ``own`` gives each natural
+    client the held-out rows of its own group. With ``binary`` the labels
     are binarised and ``drop_positive`` of the training positives removed (FCSG §5.3); the
     held-out pool keeps all its positives, like the paper's test set.
 
@@ -129,23 +159,66 @@ def make_partitioned(spec: PartitionedSpec) -> FederatedData:
             :meth:`PartitionedSpec.of`).
     """
     spec = PartitionedSpec.of(spec)
-    x, y, x_te, y_te, num_classes = load_source(spec.name, spec.data_dir)
-    note = source_note(spec.name, spec.data_dir, len(y), len(y_te))
+    pools = load_pools(spec)
+    x, y, x_te, y_te, num_classes = pools.x, pools.y, pools.x_test, pools.y_test, pools.num_classes
+    note, groups = pools.note, pools.groups
     rng = numpy_generator(spec.seed, PARTITION_STREAM)
     if spec.binary:
         y, y_te, num_classes = binarize(y, num_classes), binarize(y_te, num_classes), 2
         keep = drop_positives(y, spec.drop_positive, rng)
         x, y = x[keep], y[keep]
+        groups = groups[keep.numpy()] if groups is not None else None
     labels = y.numpy()
-    parts = _partition(spec, labels, rng)
+    parts = _partition(spec, labels, rng, groups)
     if spec.val_mode == "all":
         val = P.partition_iid(y_te.numpy(), spec.num_clients, rng)
+    elif spec.val_mode == "own":
+        val = _own_validation(spec, groups, pools.groups_test, len(y_te))
     else:
         val = P.validation_like([labels[p] for p in parts], y_te.numpy(), spec.val_per_client, rng)
     data = build_federated(x, y, x_te, y_te, parts, val, num_classes, spec.name)
     if note:
         data.stats["source"] = note
+    if spec.partition == "natural" and groups is not None:
+        data.stats["client_groups"] = [str(g) for g in P.group_ids(groups)[0]]
+    data.stats.update(pools.extra or {})
     return data
+
+
+def load_pools(spec: PartitionedSpec) -> Pools:
+    """The training and held-out pools of ``spec.name``: a built-in source
+    (:func:`~lit_fedco.data.sources.load_source`), a reader of one's own files
+    (:mod:`lit_fedco.data.readers`) or a data function (:mod:`lit_fedco.data.user`)."""
+    if spec.name in FILE_READERS:
+        return read_file_source(spec)
+    if is_function_ref(spec.name):
+        from lit_fedco.data.user import call_function, function_pools
+
+        result = call_function(spec.name, spec.params, spec.data_dir, spec.seed)
+        return function_pools(spec.name, result)
+    x, y, x_te, y_te, num_classes = load_source(spec.name, spec.data_dir)
+    return Pools(x, y, x_te, y_te, num_classes,
+                 note=source_note(spec.name, spec.data_dir, len(y), len(y_te)))  # fmt: skip
+
+
+def _own_validation(
+    spec: PartitionedSpec, groups: np.ndarray | None, groups_te: np.ndarray | None, n_te: int
+) -> list[np.ndarray]:
+    """``val_mode=own``: each natural client's own held-out rows."""
+    if groups_te is None or groups is None:
+        raise ConfigError(
+            f"data.val_mode: got 'own', but the test split of data.name={spec.name} has no "
+            "group ids (each client is evaluated on the test rows of its own group); give the "
+            "test split group ids, or set data.val_mode=client",
+            key="data.val_mode",
+        )
+    if len(groups_te) != n_te:
+        raise ConfigError(
+            f"data.val_mode: got 'own', but the held-out rows were replaced ({n_te} rows for "
+            f"{len(groups_te)} test group ids; data.heldout=train); use the test split",
+            key="data.val_mode",
+        )
+    return P.validation_own(groups, groups_te)
 
 
 # ---------------------------------------------------------------------- UCI Adult

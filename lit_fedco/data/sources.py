@@ -24,8 +24,9 @@ from torchvision.datasets import MNIST, FashionMNIST
 
 from lit_fedco.core.errors import ConfigError
 from lit_fedco.data.cifar import load_cifar_pools
+from lit_fedco.data.names import BUILTIN_SOURCES, FILE_READERS
 
-SOURCES = ("digits", "mnist", "fashion_mnist", "cifar10", "cifar100")
+SOURCES = BUILTIN_SOURCES
 
 Arrays = tuple[Tensor, Tensor, Tensor, Tensor, int]
 """(x_pool, y_pool, x_test_pool, y_test_pool, num_classes): training pool and held-out pool."""
@@ -366,4 +367,10 @@ def read_source(name: str, data_dir: str | Path = "") -> Arrays:
         return x_train, y_train, x_test, y_test, 10
     if name in ("cifar10", "cifar100"):  # torchvision's CIFAR classes, standardised per channel
         return load_cifar_pools(name, data_dir)
-    raise ConfigError.bad_value("data.name", name, f"one of {SOURCES}", "digits")
+    raise ConfigError.bad_value(
+        "data.name",
+        name,
+        f"one of {SOURCES}, a reader of your own files {FILE_READERS} (with data.data_dir), or "
+        "a function of your own, MODULE:FUNCTION",
+        "digits",
+    )

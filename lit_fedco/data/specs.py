@@ -15,10 +15,11 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import MISSING, dataclass
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from lit_fedco.core.errors import ConfigError
 from lit_fedco.data import partition as P
+from lit_fedco.data.names import VAL_MODES, is_function_ref
 
 ST_SOURCES = ("digits_st", "cifar10_st", "cifar100_st")
 """Step-imbalanced sources (:class:`StepImbalancedSpec`)."""
@@ -26,7 +27,6 @@ ST_PARTITIONS = ("iid", "dirichlet")
 """Splits of a step-imbalanced pool."""
 TASK_SOURCES = ("digits", "omniglot")
 """Sources of few-shot task data (``partition=classes``, :class:`TaskSpec`)."""
-VAL_MODES = ("client", "all")
 ADULT_PARTITIONS = ("iid", "dirichlet")
 """Splits of the Adult training rows (:class:`AdultSpec`)."""
 ADULT_PROTECTED = ("sex", "race")
@@ -73,13 +73,17 @@ class DataSpecBase:
 
 @dataclass(frozen=True)
 class PartitionedSpec(DataSpecBase):
-    """A real source (``digits``, ``mnist``, ``fashion_mnist``, ``cifar10``, ``cifar100``) split
-    over the clients by a partitioner (:mod:`lit_fedco.data.partition`).
+    """A real source (``digits``, ``mnist``, ``fashion_mnist``, ``cifar10``, ``cifar100``), a
+    reader of one's own files (``npz``, ``imagefolder``, ``hf_disk``, ``text``;
+    :mod:`lit_fedco.data.readers`) or a data function of one's own (``module:function``;
+    :mod:`lit_fedco.data.user`), split over the clients by a partitioner
+    (:mod:`lit_fedco.data.partition`).
 
     Attributes:
-        name: the source (:func:`lit_fedco.data.sources.load_source`).
-        data_dir: the folder the source's files are read from (unused by ``digits``).
-        partition: ``quantity``, ``iid``, ``dirichlet`` or ``dominant_class``.
+        name: the source (:func:`lit_fedco.data.sources.load_source`), a reader or a function.
+        data_dir: the folder (or file) the source's files are read from (unused by ``digits``).
+        partition: ``quantity``, ``iid``, ``dirichlet``, ``dominant_class``, ``shards``,
+            ``size_skew`` or ``natural``.
         num_clients: K.
         big: training samples of the big client (``quantity``).
         small: training samples of each small client (``quantity``).
@@ -88,10 +92,18 @@ class PartitionedSpec(DataSpecBase):
         rho: the dominant class's share ρ (``dominant_class``).
         val_per_client: validation samples per client (``val_mode=client``).
         seed: the run's seed; the partition's generator is named (seed, 12345).
-        val_mode: ``client`` (each client's class proportions) or ``all`` (the whole held-out
-            set, split evenly).
+        val_mode: ``client`` (each client's class proportions), ``all`` (the whole held-out
+            set, split evenly) or ``own`` (each natural client's own held-out rows).
         binary: relabel classes [0, C/2) as 0 and [C/2, C) as 1 (FCSG §5.3).
         drop_positive: fraction of training positives removed when ``binary`` (FCSG: 0.8).
+        shards_per_client: k of ``partition=shards``.
+        size_sigma: σ of the log-normal client sizes of ``partition=size_skew``.
+        image_size: the side images are resized to (``imagefolder``, ``hf_disk``); 0: as read.
+        seq_len: characters per sample of ``text``.
+        feature_column / label_column / group_column: the columns ``hf_disk`` reads (an empty
+            group column: none).
+        params: a data function's parameters (its ``Params`` dataclass, built from the
+            ``data.<field>`` keys), None for every other source.
     """
 
     name: str
@@ -108,6 +120,14 @@ class PartitionedSpec(DataSpecBase):
     val_mode: str = "client"
     binary: bool = False
     drop_positive: float = 0.0
+    shards_per_client: int = 2
+    size_sigma: float = 1.0
+    image_size: int = 0
+    seq_len: int = 80
+    feature_column: str = "image"
+    label_column: str = "label"
+    group_column: str = ""
+    params: Any = None
 
     def __post_init__(self) -> None:
         if self.partition not in P.PARTITIONS:
@@ -116,7 +136,20 @@ class PartitionedSpec(DataSpecBase):
             )
         _at_least_one("data.val_per_client", self.val_per_client, "100")
         if self.val_mode not in VAL_MODES:
-            raise ConfigError.bad_value("data.val_mode", self.val_mode, "'client' or 'all'", "all")
+            raise ConfigError.bad_value("data.val_mode", self.val_mode, f"one of {VAL_MODES}",
+                                        "all")  # fmt: skip
+        if self.val_mode == "own" and self.partition != "natural":
+            raise ConfigError(
+                f"data.val_mode: got 'own', which needs data.partition=natural (a client per "
+                f"group id, evaluated on its group's test rows), got data.partition="
+                f"{self.partition}; set data.partition=natural or data.val_mode=client",
+                key="data.val_mode",
+            )
+        if self.image_size < 0:
+            raise ConfigError.bad_value(
+                "data.image_size", self.image_size, "an int >= 0 (0: the size as read)", "28"
+            )
+        _at_least_one("data.seq_len", self.seq_len, "80")
         if self.binary and not 0.0 <= self.drop_positive < 1.0:
             raise ConfigError.bad_value(
                 "data.drop_positive", self.drop_positive, "a float in [0, 1)", "0.8"
@@ -272,6 +305,17 @@ DataSpec = PartitionedSpec | StepImbalancedSpec | InvariantLogRegSpec | TaskSpec
 """Every typed data spec."""
 
 
+def _function_spec(spec: object, name: str) -> PartitionedSpec:
+    """The spec of a data function ``module:function``: imported, its parameters built from
+    ``spec``'s ``data.<field>`` attributes (their defaults where absent)."""
+    from lit_fedco.data.user import function_params, resolve_function
+
+    fn = resolve_function(name)
+    own = {f.name for f in dataclasses.fields(PartitionedSpec)}
+    params = function_params(fn, name, spec, own)
+    return dataclasses.replace(PartitionedSpec.of(spec), params=params)
+
+
 def data_spec(spec: object) -> DataSpec:
     """The typed, validated spec of the data set that a ``DataConfig``-like ``spec`` describes.
 
@@ -282,7 +326,8 @@ def data_spec(spec: object) -> DataSpec:
     - ``name == "invariant_logreg"`` → :class:`InvariantLogRegSpec`;
     - ``name == "adult"`` → :class:`AdultSpec`;
     - ``partition == "classes"`` → :class:`TaskSpec`;
-    - otherwise → :class:`PartitionedSpec`.
+    - otherwise → :class:`PartitionedSpec` (for a data function ``module:function``, its
+      module imported and its parameters built).
 
     Cheap (it reads no file), so a runner can check the data config before starting any
     process.
@@ -309,4 +354,6 @@ def data_spec(spec: object) -> DataSpec:
         return AdultSpec.of(spec)
     if getattr(spec, "partition", None) == "classes":  # few-shot tasks from a client's classes
         return TaskSpec.of(spec)
+    if is_function_ref(name):
+        return _function_spec(spec, name)
     return PartitionedSpec.of(spec)
