@@ -59,7 +59,13 @@ def run(
         cfg = load(cmd)
     except ConfigError as err:
         refuse(err)
-    if cmd.help == "sub-runs":
+    if cmd.help == "sub-runs" or (_tunes(cfg) and not cmd.help):
+        if _tunes(cfg):  # a tuning run's sub-runs, then the comparison's
+            from lit_fedco.experiment.tuning import run_tuned
+
+            return run_tuned(recipe, defaults, argv, cmd, cfg, _launch, _list_sub_runs,
+                             columns=columns, callbacks=callbacks,
+                             evaluated_on=evaluated_on)  # fmt: skip
         return _list_sub_runs(cmd, cfg)
     if cmd.help:
         from omegaconf import OmegaConf
@@ -69,10 +75,32 @@ def run(
         shown = {str(k): v for k, v in values.items()}
         print(render(recipe, defaults, shown, cmd.help == "all"), end="")
         return []
+    return _launch(recipe, cmd, cfg, columns, callbacks, evaluated_on)
+
+
+def _tunes(cfg: Any) -> bool:
+    """Whether this process runs a tuned run's two phases (``tune.grid``): not a worker or a
+    process of one of its runs, which each run one phase's sub-run."""
+    inner = os.environ.get("LIT_FEDCO_RUN_DIR") or os.environ.get("LIT_FEDCO_JOBS_WORKER")
+    return bool(list(cfg.tune.grid)) and not inner
+
+
+def _launch(
+    recipe: str,
+    cmd: Any,
+    cfg: Any,
+    columns: list[tuple[str, str]] | None,
+    callbacks: list[Any] | None,
+    evaluated_on: str,
+    may_fork: bool = True,
+) -> list[Any]:
+    """Run the loaded config (:func:`~lit_fedco.experiment.runner.run_recipe`), with the
+    ``jobs=N`` workers started first. ``may_fork=False``: this process has run torch operations
+    already (a tuned run's second phase), so they are started beside it, not forked."""
     launcher = cfg.jobs > 1 and cfg.sub_run < 0 and not os.environ.get("LIT_FEDCO_RUN_DIR")
     from lit_fedco.core.forking import can_fork
 
-    fork = launcher and can_fork() and _only_our_code(cfg)
+    fork = launcher and may_fork and can_fork() and _only_our_code(cfg)
     if launcher and not fork:
         _prestart_workers(cmd, cfg, fork=False)  # they import torch while this process does
     from lit_fedco.experiment.runner import run_recipe
@@ -139,8 +167,9 @@ def _reader_gone() -> None:
     os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
 
 
-def _list_sub_runs(cmd: Any, cfg: Any) -> list[Any]:
-    """Print the index, folder, updater, seed and variant of every sub-run of the run."""
+def _list_sub_runs(cmd: Any, cfg: Any, first: int = 0) -> list[Any]:
+    """Print the index, folder, updater, seed and variant of every sub-run of the run (numbered
+    from ``first``)."""
     from lit_fedco.config.load import variant_configs
     from lit_fedco.experiment.subruns import listing
 
@@ -149,7 +178,7 @@ def _list_sub_runs(cmd: Any, cfg: Any) -> list[Any]:
     except ConfigError as err:
         refuse(err)
     try:
-        print(listing(configs, list(cfg.seeds) or [cfg.seed]), flush=True)
+        print(listing(configs, list(cfg.seeds) or [cfg.seed], first), flush=True)
     except BrokenPipeError:  # `| head`: the reader has what it wanted
         _reader_gone()
     return []

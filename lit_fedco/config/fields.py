@@ -80,6 +80,9 @@ class DataConfig:
         feature_column: ``hf_disk``: the input column (an image or numbers).
         label_column: ``hf_disk``: the label column (ints).
         group_column: ``hf_disk``: the group id column for ``partition=natural`` (empty: none).
+        heldout: where the validation rows come from: ``test`` (the source's test split) or
+            ``train`` (a seeded slice of its training split, the rest trains; what a tuning
+            run selects on, ``tune.heldout``). Partitioned and ``*_st`` sources.
     """
 
     name: str = "digits"
@@ -110,6 +113,40 @@ class DataConfig:
     feature_column: str = "image"
     label_column: str = "label"
     group_column: str = ""
+    heldout: str = "test"
+
+
+@dataclass
+class TuneConfig:
+    """Tuning each method before the comparison, as the papers did: every grid value runs on
+    the tuning seeds with validation rows held out of the training split, the best value per
+    updater by ``metric`` is chosen, and the comparison then runs on ``seeds`` with it
+    (:mod:`lit_fedco.experiment.tuning`).
+
+    Attributes:
+        grid: ``KEY=V1,V2,...`` per hyperparameter, ``KEY`` under an updater's node
+            (``["fedavg.lr=0.001,0.01,0.1", "comfedl.lr=0.01,0.1"]``); an updater with several
+            keys tries every combination. Empty: no tuning.
+        metric: the final metric to select by (``val/acc_avg``, ``val/acc_worst``,
+            ``val/objective``, ``val/auprc``...).
+        mode: ``max`` or ``min`` of ``metric`` (its mean over the tuning seeds); a diverged
+            value is never chosen.
+        seeds: the tuning seeds, apart from the comparison's ``seeds``.
+        rounds: rounds of each tuning run; 0: the run's ``rounds``.
+        heldout: the data selected on (``data.heldout`` of the tuning runs): ``train`` (a
+            slice of the training split; the comparison's test split is never seen) or
+            ``test`` (for data without a training split to slice: ``invariant_logreg``'s
+            fresh samples, few-shot tasks).
+        chosen: set by the tuning phase, not by hand: the values chosen, ``KEY=VALUE``.
+    """
+
+    grid: list[str] = field(default_factory=list)
+    metric: str = "val/acc_avg"
+    mode: str = "max"
+    seeds: list[int] = field(default_factory=lambda: [100])
+    rounds: int = 0
+    heldout: str = "train"
+    chosen: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -217,6 +254,8 @@ class RunConfig:
             the pre-training, start from; empty: the model's seeded initialisation.
         pretrain: a pre-training phase run once per seed before the methods
             (:class:`PretrainConfig`; ``pretrain.rounds=0``: none).
+        tune: tune each method's hyperparameters over a grid on held-out training data, then
+            compare with the chosen values (:class:`TuneConfig`; empty ``tune.grid``: none).
     """
 
     updaters: list[str] = field(default_factory=lambda: ["fedavg"])
@@ -255,6 +294,7 @@ class RunConfig:
     server_opt: ServerOptConfig = field(default_factory=ServerOptConfig)
     init_from: str = ""
     pretrain: PretrainConfig = field(default_factory=PretrainConfig)
+    tune: TuneConfig = field(default_factory=TuneConfig)
 
 
 def schema() -> DictConfig:

@@ -44,7 +44,7 @@ def load_config(argv: list[str], defaults: dict[str, Any] | None = None) -> Dict
 
 RUN_LEVEL = (
     "seed", "seeds", "run_name", "resume", "out_dir", "devices", "num_nodes", "accelerator",
-    "strategy", "threads", "plugins", "variants", "jobs", "sub_run", "shard_data",
+    "strategy", "threads", "plugins", "variants", "jobs", "sub_run", "shard_data", "tune",
 )  # fmt: skip
 """Keys of the whole run, which a variant cannot change: every variant runs with the run's seeds,
 in its folder, on its processes (a variant may change anything a sub-run reads: its updaters,

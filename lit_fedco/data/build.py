@@ -47,6 +47,8 @@ from lit_fedco.data.specs import (
 
 PARTITION_STREAM = 12345
 """The partition's generator is named (seed, 12345): independent of every training stream."""
+HELDOUT_STREAM = 0x7E57
+"""``data.heldout=train``: the slice of the training split held out is drawn from (seed, 0x7E57)."""
 SYNTHETIC_STREAM = 0x1A7
 """The synthetic data's generator is named (seed, 0x1A7)."""
 
@@ -92,6 +94,21 @@ def drop_positives(y: Tensor, fraction: float, rng: np.random.Generator) -> Tens
     drop = rng.choice(pos, size=round(fraction * len(pos)), replace=False)
     keep = np.setdiff1d(np.arange(len(labels)), drop)
     return torch.from_numpy(keep.astype(np.int64))
+
+
+def hold_out_training(
+    x: Tensor, y: Tensor, x_te: Tensor, y_te: Tensor, heldout: str, seed: int
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """The training and held-out pools: as the source gives them (``heldout="test"``), or
+    (``"train"``) a seeded slice of the training split as the held-out pool, as many rows as
+    the test split has but at most a fifth of the training rows, and the rest to train on, so
+    that a tuning run selects without ever seeing the test split."""
+    if heldout == "test":
+        return x, y, x_te, y_te
+    order = torch.from_numpy(numpy_generator(seed, HELDOUT_STREAM).permutation(len(y)))
+    n = min(len(y_te), len(y) // 5)
+    keep, held = order[n:].sort().values, order[:n].sort().values
+    return x[keep], y[keep], x[held], y[held]
 
 
 def _partition(
@@ -162,6 +179,7 @@ def make_partitioned(spec: PartitionedSpec) -> FederatedData:
     pools = load_pools(spec)
     x, y, x_te, y_te, num_classes = pools.x, pools.y, pools.x_test, pools.y_test, pools.num_classes
     note, groups = pools.note, pools.groups
+    x, y, x_te, y_te = hold_out_training(x, y, x_te, y_te, spec.heldout, spec.seed)
     rng = numpy_generator(spec.seed, PARTITION_STREAM)
     if spec.binary:
         y, y_te, num_classes = binarize(y, num_classes), binarize(y_te, num_classes), 2
@@ -268,6 +286,7 @@ def make_step_imbalanced(spec: StepImbalancedSpec) -> FederatedData:
     """
     spec = StepImbalancedSpec.of(spec)
     x, y, x_te, y_te, num_classes = load_source(spec.name.removesuffix("_st"), spec.data_dir)
+    x, y, x_te, y_te = hold_out_training(x, y, x_te, y_te, spec.heldout, spec.seed)
     rng = numpy_generator(spec.seed, PARTITION_STREAM)
     kept = torch.from_numpy(P.step_imbalance(y.numpy(), spec.imbalance_ratio, rng))
     x, y = x[kept], y[kept]

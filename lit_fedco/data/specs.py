@@ -27,6 +27,16 @@ ST_PARTITIONS = ("iid", "dirichlet")
 """Splits of a step-imbalanced pool."""
 TASK_SOURCES = ("digits", "omniglot")
 """Sources of few-shot task data (``partition=classes``, :class:`TaskSpec`)."""
+HELDOUT = ("test", "train")
+"""Where the held-out (validation) rows come from: the source's test split, or a slice of its
+training split (``data.heldout=train``: data to tune on that the test split never sees)."""
+
+
+def _check_heldout(value: str) -> None:
+    if value not in HELDOUT:
+        raise ConfigError.bad_value("data.heldout", value, "'test' or 'train'", "train")
+
+
 ADULT_PARTITIONS = ("iid", "dirichlet")
 """Splits of the Adult training rows (:class:`AdultSpec`)."""
 ADULT_PROTECTED = ("sex", "race")
@@ -104,6 +114,8 @@ class PartitionedSpec(DataSpecBase):
             group column: none).
         params: a data function's parameters (its ``Params`` dataclass, built from the
             ``data.<field>`` keys), None for every other source.
+        heldout: ``test`` (validation rows from the source's test split) or ``train`` (from a
+            seeded slice of its training split, which then trains on the rest).
     """
 
     name: str
@@ -128,8 +140,10 @@ class PartitionedSpec(DataSpecBase):
     label_column: str = "label"
     group_column: str = ""
     params: Any = None
+    heldout: str = "test"
 
     def __post_init__(self) -> None:
+        _check_heldout(self.heldout)
         if self.partition not in P.PARTITIONS:
             raise ConfigError.bad_value(
                 "data.partition", self.partition, f"one of {P.PARTITIONS}", "quantity"
@@ -169,6 +183,7 @@ class StepImbalancedSpec(DataSpecBase):
         val_per_client: class-balanced validation samples per client.
         seed: the run's seed; the imbalance and the split are drawn from (seed, 12345).
         imbalance_ratio: ρ >= 1; the minority classes keep 1/ρ of their samples.
+        heldout: ``test`` or ``train`` (:class:`PartitionedSpec`).
     """
 
     name: str
@@ -179,8 +194,10 @@ class StepImbalancedSpec(DataSpecBase):
     val_per_client: int
     seed: int
     imbalance_ratio: float = 10.0
+    heldout: str = "test"
 
     def __post_init__(self) -> None:
+        _check_heldout(self.heldout)
         # The builder has always read the ratio as a float (it is recorded in the stats).
         object.__setattr__(self, "imbalance_ratio", float(self.imbalance_ratio))
         if self.name not in ST_SOURCES:
@@ -346,6 +363,16 @@ def data_spec(spec: object) -> DataSpec:
     name = getattr(spec, "name", None)
     if not isinstance(name, str):
         raise TypeError(f"data spec: expected an object with a str attribute name, got {spec!r}")
+    heldout = getattr(spec, "heldout", "test")
+    kind = "few-shot" if getattr(spec, "partition", None) == "classes" else name
+    if heldout != "test" and (name in ("invariant_logreg", "adult") or kind == "few-shot"):
+        raise ConfigError.bad_value(
+            "data.heldout",
+            heldout,
+            f"'test' for {kind} data (only partitioned and *_st sources "
+            "hold out a slice of their training split; tuning on these: tune.heldout=test)",
+            "test",
+        )
     if name.endswith("_st"):
         return StepImbalancedSpec.of(spec)
     if name == "invariant_logreg":  # FCSG §5.1, synthetic

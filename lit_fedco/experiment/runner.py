@@ -70,6 +70,7 @@ from lit_fedco.experiment.session import (
     verify,
 )
 from lit_fedco.experiment.subruns import SubRunSpec, pretrain_folder, pretrain_runs, sub_runs
+from lit_fedco.experiment.tuning import TUNE_FILE, TUNE_SUFFIX, label_suffix
 from lit_fedco.report.tracking import log_figures, share_wandb_service
 
 TABLE_COLUMNS = [
@@ -748,7 +749,7 @@ def _run(
                     final, _ = run_sub(fabric, vcfg, name, seed, recipe, run_dir / folder,
                                        plan.resume.get(folder), announce, init, built,
                                        branch)  # fmt: skip
-                label = f"{name} [{variant}]" if variant else name
+                label = (f"{name} [{variant}]" if variant else name) + label_suffix(vcfg, name)
                 record(label, final, folder)
         except Stopped as stop:
             if rank0:
@@ -783,6 +784,7 @@ def _run(
             "results": rows,
             **_recorded(run_dir, folders),
             **({"branched_from": plan.branch} if plan.branch else {}),
+            **_tuning(cfg, run_dir),
         }
         faults.point("before_results")
         try:  # written before the table is printed
@@ -798,6 +800,15 @@ def _run(
         _figures(cfg, run_dir, recipe)
         print(f"\n{contents(run_dir)}")
     return table_rows
+
+
+def _tuning(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
+    """``{"tuning": ...}``: a tuned run's choice and every grid point's scores (its tuning
+    run's ``tune.json``); nothing for a run that was not tuned."""
+    if not list(cfg.tune.chosen):
+        return {}
+    record = read_json(run_dir.with_name(run_dir.name + TUNE_SUFFIX) / TUNE_FILE)
+    return {"tuning": record or {"chosen": list(cfg.tune.chosen)}}
 
 
 def _branch_start(plan: Plan, folder: str, run_dir: Path) -> dict[str, Any]:

@@ -59,11 +59,11 @@ def pretrain_runs(
                 yield i, variant, vcfg, seed, pretrain_folder(i, variant, seed)
 
 
-def listing(configs: list[tuple[str, DictConfig]], seeds: list[int]) -> str:
-    """The ``--list-sub-runs`` table: index, folder, updater, seed, variant."""
+def listing(configs: list[tuple[str, DictConfig]], seeds: list[int], first: int = 0) -> str:
+    """The ``--list-sub-runs`` table: index (from ``first``), folder, updater, seed, variant."""
     rows = [("index", "folder", "updater", "seed", "variant")]
     for s in sub_runs(configs, seeds):
-        rows.append((str(s.number), s.folder, s.updater, str(s.seed), s.variant or "-"))
+        rows.append((str(first + s.number), s.folder, s.updater, str(s.seed), s.variant or "-"))
     widths = [max(len(r[c]) for r in rows) for c in range(5)]
     lines = ["  ".join(v.ljust(w) for v, w in zip(r, widths, strict=True)).rstrip() for r in rows]
     extra = [f for *_, f in pretrain_runs(configs, seeds)]

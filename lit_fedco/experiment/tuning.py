@@ -1,0 +1,348 @@
+"""Tuning each method before the comparison (``tune.grid``), as the papers did: a grid of
+values per updater, run on tuning seeds with validation rows held out of the training split,
+the best value per updater by a named metric, then the comparison on the run's ``seeds``.
+
+The tuning phase is an ordinary run of its own, ``<run_name>-tune`` beside the comparison's
+folder, with one variant per (updater, grid point) (``updaters=[fedavg] fedavg.lr=0.01``), so
+that it runs, checkpoints and resumes like any run: ``jobs=N`` runs its sub-runs side by side,
+``resume=auto`` continues a killed tuning phase, and ``sub_run=INDEX`` counts the tuning's
+sub-runs first, then the comparison's (``--list-sub-runs`` lists both). The choice is a pure
+function of the tuning run's ``status.json`` files, so every process that reads them comes to
+the same one; it is written to ``tune.json`` in the tuning folder, passed to the comparison
+as overrides (its ``config.yaml`` records them under ``tune.chosen`` too) and shown in its
+table's labels and ``results.json``.
+
+A hand-written grid rather than Optuna's ``GridSampler``: the run folders already store every
+trial, resume and run trials in parallel; a sampler would only enumerate the same product
+(and ``import optuna`` costs about 0.4 s more before a run starts).
+
+Torch-free.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import os
+import shlex
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+from omegaconf import DictConfig
+
+from lit_fedco.core.errors import ConfigError
+
+RUN_DIR_ENV = "LIT_FEDCO_RUN_DIR"
+"""Set by a run for the processes it starts (:data:`lit_fedco.experiment.rundir.RUN_DIR_ENV`)."""
+
+TUNE_SUFFIX = "-tune"
+"""The tuning run's folder is the comparison's name with this suffix."""
+TUNE_FILE = "tune.json"
+"""The choice, written in the tuning run's folder."""
+MODES = ("max", "min")
+
+
+@dataclass(frozen=True)
+class Point:
+    """One (updater, grid point) of the tuning: a variant of the tuning run."""
+
+    updater: str
+    values: tuple[tuple[str, Any], ...]
+
+    @property
+    def variant(self) -> str:
+        """The variant's overrides: the updater alone, with this point's values."""
+        items = " ".join(f"{k}={_text(v)}" for k, v in self.values)
+        return f"updaters=[{self.updater}] {items}"
+
+    @property
+    def label(self) -> str:
+        """``lr=0.01`` (keys without the updater's name)."""
+        return ", ".join(f"{k.split('.', 1)[1]}={_text(v)}" for k, v in self.values)
+
+
+def _text(value: Any) -> str:
+    """A value as the command line reads it back (YAML)."""
+    if isinstance(value, float):
+        return repr(value)
+    return str(value) if isinstance(value, int | str) else yaml.safe_dump(value).strip()
+
+
+def parse_grid(cfg: DictConfig) -> dict[str, list[tuple[str, list[Any]]]]:
+    """``tune.grid`` as ``{updater: [(key, values), ...]}``, in the run's updater order.
+
+    Raises:
+        ConfigError: an entry that is not ``KEY=V1,V2,...``, a key not under one of the run's
+            updaters, a key given twice, an empty value list, a bad ``tune.mode`` or empty
+            ``tune.seeds``.
+    """
+    tune = cfg.tune
+    if tune.mode not in MODES:
+        raise ConfigError.bad_value("tune.mode", tune.mode, "'max' or 'min'", "min")
+    if not list(tune.seeds):
+        raise ConfigError.bad_value("tune.seeds", [], "one seed or more", "[100,101]")
+    if int(tune.rounds) < 0:
+        raise ConfigError.bad_value("tune.rounds", tune.rounds, "an int >= 0", "50")
+    if overlap := sorted(set(tune.seeds) & set(cfg.seeds or [cfg.seed])):
+        raise ConfigError(
+            f"tune.seeds: {overlap} are also the comparison's seeds; tune on other seeds "
+            "(e.g. tune.seeds=[100]), so that the comparison runs on fresh ones",
+            key="tune.seeds",
+        )
+    updaters = [str(u) for u in cfg.updaters]
+    grid: dict[str, list[tuple[str, list[Any]]]] = {}
+    seen: set[str] = set()
+    for entry in tune.grid:
+        key, eq, raw = str(entry).partition("=")
+        key = key.strip()
+        name = key.split(".", 1)[0]
+        if not eq or "." not in key or not raw.strip():
+            raise ConfigError.bad_value(
+                "tune.grid",
+                str(entry),
+                "KEY=V1,V2,... with KEY under an updater",
+                "fedavg.lr=0.01,0.1",
+            )
+        if name not in updaters:
+            raise ConfigError(
+                f"tune.grid: {key} is not under one of the run's updaters {updaters}; name a key "
+                f"of an updater it runs, e.g. {updaters[0]}.lr=0.01,0.1",
+                key="tune.grid",
+            )
+        if key in seen:
+            raise ConfigError(f"tune.grid: {key} is given twice; give it once", key="tune.grid")
+        seen.add(key)
+        values = [yaml.safe_load(v) for v in raw.split(",")]
+        grid.setdefault(name, []).append((key, values))
+    return {u: grid[u] for u in updaters if u in grid}
+
+
+def points(cfg: DictConfig) -> list[Point]:
+    """Every (updater, grid point), updater by updater, in the grid's order."""
+    out = []
+    for updater, keys in parse_grid(cfg).items():
+        for combo in itertools.product(*(values for _, values in keys)):
+            out.append(Point(updater, tuple(zip([k for k, _ in keys], combo, strict=True))))
+    return out
+
+
+def run_names(cfg: DictConfig) -> tuple[str, str]:
+    """``(comparison, tuning)`` run names; a new run without ``run_name`` gets the start time.
+
+    Raises:
+        ConfigError: ``resume=auto`` without ``run_name`` (which run to continue is ambiguous).
+    """
+    name = str(cfg.run_name)
+    if not name:
+        if cfg.resume or cfg.sub_run >= 0:
+            raise ConfigError.bad_value(
+                "run_name", "", "the run's name (a tuned run continues by name)", "mnist-tuned"
+            )
+        name = time.strftime("%Y%m%d-%H%M%S")
+    return name, name + TUNE_SUFFIX
+
+
+def tuning_items(cfg: DictConfig, tune_dir: Path, resume: bool) -> list[str]:
+    """The items appended to the command line for the tuning run (``resume``: continue it
+    where it has started)."""
+    variants = "[" + ",".join(_quote(p.variant) for p in points(cfg)) + "]"
+    seeds = "[" + ",".join(str(s) for s in cfg.tune.seeds) + "]"
+    items = [
+        "tune.grid=[]",
+        f"variants={variants}",
+        f"seeds={seeds}",
+        f"run_name={tune_dir.name}",
+        f"data.heldout={cfg.tune.heldout}",
+        f"resume={'auto' if resume and holds(tune_dir) else ''}",
+    ]
+    if int(cfg.tune.rounds):
+        items.append(f"rounds={int(cfg.tune.rounds)}")
+    return items
+
+
+def _quote(text: str) -> str:
+    return "'" + text.replace("'", "") + "'"
+
+
+def count(cfg: DictConfig) -> int:
+    """The tuning run's sub-runs: grid points × tuning seeds."""
+    return len(points(cfg)) * len(cfg.tune.seeds)
+
+
+def select(cfg: DictConfig, tune_dir: Path) -> dict[str, Any]:
+    """The choice per updater, from the tuning run's ``status.json`` files (a pure function of
+    them), with every grid point's score; also written to ``tune.json``.
+
+    Raises:
+        ConfigError: a tuning sub-run that is not complete, or a metric no sub-run recorded.
+    """
+    from lit_fedco.experiment.rundir import read_json, write_json
+
+    metric, sign = str(cfg.tune.metric), 1.0 if cfg.tune.mode == "max" else -1.0
+    chosen: dict[str, Any] = {}
+    for i, point in enumerate(points(cfg)):
+        scores: list[float] = []
+        for seed in cfg.tune.seeds:
+            folder = tune_dir / f"v{i}-{point.updater}-seed{seed}"
+            status = read_json(folder / "status.json") or {}
+            final = status.get("final")
+            if status.get("state") not in ("complete", "diverged") or not final:
+                raise ConfigError(
+                    f"tune: {folder} is not complete; continue the tuning with resume=auto "
+                    f"run_name={tune_dir.name.removesuffix(TUNE_SUFFIX)}",
+                    key="tune",
+                )
+            if "diverged_round" in final:
+                scores.append(math.nan)
+                continue
+            if metric not in final:
+                have = sorted(k for k in final if "/" in k)
+                raise ConfigError.bad_value("tune.metric", metric, f"one of {have}", have[0])
+            scores.append(float(final[metric]))
+        mean = math.nan if any(math.isnan(s) for s in scores) else sum(scores) / len(scores)
+        entry = chosen.setdefault(point.updater, {"grid": [], "best": None})
+        entry["grid"].append({"values": dict(point.values), "scores": scores, "mean": mean})
+        best = entry["best"]
+        if not math.isnan(mean) and (best is None or sign * mean > sign * best["mean"]):
+            entry["best"] = {"values": dict(point.values), "mean": mean}
+    record = {
+        "metric": metric,
+        "mode": str(cfg.tune.mode),
+        "seeds": [int(s) for s in cfg.tune.seeds],
+        "heldout": str(cfg.tune.heldout),
+        "run": str(tune_dir),
+        "updaters": chosen,
+    }
+    write_json(tune_dir / TUNE_FILE, record)
+    return record
+
+
+def chosen_items(record: dict[str, Any]) -> list[str]:
+    """``KEY=VALUE`` per chosen value (an updater whose every point diverged keeps its own)."""
+    out = []
+    for entry in record["updaters"].values():
+        if entry["best"] is not None:
+            out += [f"{k}={_text(v)}" for k, v in entry["best"]["values"].items()]
+    return out
+
+
+def summary(record: dict[str, Any]) -> str:
+    """The lines printed after the tuning: per updater the chosen values and every score."""
+    where = "a slice of the training split" if record["heldout"] == "train" else "the test split"
+    lines = [f"tuned by {record['metric']} ({record['mode']}, mean over tuning seeds "
+             f"{record['seeds']}, on {where}):"]  # fmt: skip
+    for name, entry in record["updaters"].items():
+        grid = ", ".join(
+            f"{'/'.join(_text(v) for v in g['values'].values())}: "
+            + ("diverged" if math.isnan(g["mean"]) else f"{g['mean']:.4f}")
+            for g in entry["grid"]
+        )
+        best = entry["best"]
+        pick = (", ".join(f"{k}={_text(v)}" for k, v in best["values"].items())
+                if best else "none (every value diverged; its own value kept)")  # fmt: skip
+        lines.append(f"  {name}: {pick}  [{grid}]")
+    return "\n".join(lines)
+
+
+def label_suffix(cfg: DictConfig, updater: str) -> str:
+    """`` (lr=0.01)``: the chosen values of ``updater`` for its table label; empty if none."""
+    mine = [c.split(".", 1)[1] for c in cfg.tune.chosen if str(c).split(".", 1)[0] == updater]
+    return f" ({', '.join(mine)})" if mine else ""
+
+
+def comparison_items(name: str, record: dict[str, Any], resume: bool) -> list[str]:
+    """The items appended to the command line for the comparison run."""
+    chosen = chosen_items(record)
+    listed = "[" + ",".join(_quote(c) for c in chosen) + "]"
+    return [*chosen, f"tune.chosen={listed}", f"run_name={name}",
+            f"resume={'auto' if resume else ''}"]  # fmt: skip
+
+
+def shell(items: list[str]) -> str:
+    """Items as one shell line (for messages)."""
+    return " ".join(shlex.quote(i) for i in items)
+
+
+def run_tuned(
+    recipe: str,
+    defaults: dict[str, Any],
+    argv: list[str],
+    cmd: Any,
+    cfg: DictConfig,
+    launch: Callable[..., list[Any]],
+    list_sub_runs: Callable[..., list[Any]],
+    *,
+    columns: list[tuple[str, str]] | None,
+    callbacks: list[Any] | None,
+    evaluated_on: str,
+) -> list[Any]:
+    """A tuned run (:func:`lit_fedco.cli.run` with ``tune.grid``): the tuning run, the choice,
+    then the comparison with it; ``--list-sub-runs`` lists both phases' sub-runs, numbered
+    through. ``launch`` runs a loaded config, ``list_sub_runs`` prints a listing.
+
+    Returns:
+        The comparison's table rows (the tuning's, for a tuning sub-run).
+    """
+    from lit_fedco.cli import refuse
+    from lit_fedco.config.load import load
+    from lit_fedco.config.parser import parse
+    from lit_fedco.config.plugins import import_plugins
+
+    def loaded(items: list[str]) -> tuple[Any, DictConfig]:
+        more = import_plugins(parse([*without(argv, items), *items], defaults))
+        return more, load(more)
+
+    try:
+        n_tune = count(cfg)
+        name, tune_name = run_names(cfg)
+        tune_dir = Path(cfg.out_dir) / recipe / tune_name
+        run_dir = tune_dir.with_name(name)
+        t_items = tuning_items(cfg, tune_dir, bool(cfg.resume) or cfg.sub_run >= 0)
+        sub = int(cfg.sub_run)
+        if 0 <= sub < n_tune:
+            t_items.append(f"sub_run={sub}")
+        tcmd, tcfg = loaded(t_items)
+    except ConfigError as err:
+        refuse(err)
+    if cmd.help == "sub-runs":
+        print(f"tuning run {tune_name} (sub_run=0..{n_tune - 1}):", flush=True)
+        list_sub_runs(tcmd, tcfg)
+        print(f"comparison run {name}, with the values chosen (sub_run={n_tune} on):", flush=True)
+        return list_sub_runs(cmd, cfg, n_tune)
+    held = "validation held out of the training split"
+    t_on = held if cfg.tune.heldout == "train" else f"{evaluated_on} (tuning)"
+    if sub < 0 or sub < n_tune:
+        rows = launch(recipe, tcmd, tcfg, columns, callbacks, t_on)
+        os.environ.pop(RUN_DIR_ENV, None)  # the comparison gets a folder of its own
+        if sub >= 0:
+            return rows
+    try:
+        record = select(cfg, tune_dir)
+        c_items = comparison_items(name, record, bool(cfg.resume) and holds(run_dir))
+        if sub >= 0:
+            c_items = [i for i in c_items if not i.startswith("resume=")]
+            c_items.append(f"sub_run={sub - n_tune}")
+        ccmd, ccfg = loaded(c_items)
+    except ConfigError as err:
+        refuse(err)
+    if ccfg.sub_run < 0:
+        print(f"\nlit_fedco: {summary(record)}\nlit_fedco: the comparison {name} on seeds "
+              f"{list(ccfg.seeds) or [ccfg.seed]} with these values\n", flush=True)  # fmt: skip
+    return launch(recipe, ccmd, ccfg, columns, callbacks, evaluated_on, may_fork=False)
+
+
+def without(argv: list[str], items: list[str]) -> list[str]:
+    """``argv`` without the items that set a key ``items`` set (a phase's own values win)."""
+    keys = {i.partition("=")[0] for i in items}
+    if "updaters" in keys:
+        keys.add("updater")
+    return [a for a in argv if a.partition("=")[0].lstrip("-") not in keys]
+
+
+def holds(run_dir: Path) -> bool:
+    """Whether ``run_dir`` holds a run already (its ``config.yaml``)."""
+    return (run_dir / "config.yaml").is_file()
