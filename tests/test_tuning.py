@@ -55,6 +55,9 @@ def test_a_tiny_grid_selects_the_better_value_per_updater_and_records_it(tmp_pat
     results = json.loads((run / "results.json").read_text())
     assert results["tuning"]["updaters"]["fedavg"]["best"]["values"] == {"fedavg.lr": 0.1}
     assert len(results["results"]["fedavg (lr=0.1)"]) == 2
+    # two methods over two seeds: each against the best, paired seed by seed, under the table
+    assert "paired over seeds" in (run / "table.txt").read_text()
+    assert {t["n"] for t in results["paired_tests"]} == {2}
     # the tuning selected on rows held out of the training split, never on the test split
     assert yaml.safe_load((tuning / "config.yaml").read_text())["data"]["heldout"] == "train"
 

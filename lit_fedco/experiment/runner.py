@@ -71,6 +71,7 @@ from lit_fedco.experiment.session import (
 )
 from lit_fedco.experiment.subruns import SubRunSpec, pretrain_folder, pretrain_runs, sub_runs
 from lit_fedco.experiment.tuning import TUNE_FILE, TUNE_SUFFIX, label_suffix
+from lit_fedco.report.paired import against_best, as_records, format_tests
 from lit_fedco.report.tracking import log_figures, share_wandb_service
 
 TABLE_COLUMNS = [
@@ -80,6 +81,9 @@ TABLE_COLUMNS = [
     ("train/acc_worst", "train worst acc"),
     ("comm/total_floats_per_client", "floats/client"),
 ]
+
+UNTESTED = ("comm/", "time")
+"""Table columns without a paired test: what a method costs, not what it reaches."""
 
 
 @dataclass
@@ -776,6 +780,10 @@ def _run(
     if rank0:
         table = format_table(table_rows, columns)
         title = f"{recipe}: final metrics per method ({evaluated_on}, mean over clients)"
+        used = columns or TABLE_COLUMNS
+        tests = against_best(table_rows, [k for k, _ in used if not k.startswith(UNTESTED)])
+        if tests:  # ≥ 2 methods over ≥ 2 seeds: each against the best, seed by seed
+            table += "\n\n" + format_tests(tests, dict(used))
         results = {
             "recipe": recipe,
             "config": OmegaConf.to_container(cfg, resolve=True),
@@ -785,6 +793,7 @@ def _run(
             **_recorded(run_dir, folders),
             **({"branched_from": plan.branch} if plan.branch else {}),
             **_tuning(cfg, run_dir),
+            "paired_tests": as_records(tests),
         }
         faults.point("before_results")
         try:  # written before the table is printed

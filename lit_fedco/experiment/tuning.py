@@ -14,7 +14,8 @@ table's labels and ``results.json``.
 
 A hand-written grid rather than Optuna's ``GridSampler``: the run folders already store every
 trial, resume and run trials in parallel; a sampler would only enumerate the same product
-(and ``import optuna`` costs about 0.4 s more before a run starts).
+(and ``import optuna`` 4.x adds 0.44 s before a run starts, measured with
+``python -X importtime``).
 
 Torch-free.
 """
