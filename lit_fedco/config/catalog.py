@@ -64,19 +64,39 @@ def runtime_extras() -> list[str]:
     return extras
 
 
+NODE_PARAMS: dict[str, type] = {}
+"""Dataclasses whose fields extend a run node's keys, by node name: the ``Params`` of a
+researcher's model (``model.name=MODULE:NAME`` adds its fields as ``model.*`` keys) or data
+function. Filled by :func:`extend_node` when the command line names one."""
+
+
+def extend_node(node: str, cls: type) -> None:
+    """Add dataclass ``cls``'s fields to the keys of run node ``node`` (``model``, ``data``)
+    for this process: the typed schema then accepts them and ``--help`` lists them."""
+    NODE_PARAMS[node] = cls
+
+
 def current() -> dict[str, Any]:
-    """The catalog with the nodes of :func:`runtime_extras` described from their classes."""
+    """The catalog with the nodes of :func:`runtime_extras` described from their classes, and
+    the run nodes extended by :data:`NODE_PARAMS`."""
     extras = runtime_extras()
-    if not extras:
+    if not extras and not NODE_PARAMS:
         return load()
     from lit_fedco.config import schema
-    from lit_fedco.updaters import available_updaters
 
-    updaters = set(available_updaters())
     nodes = dict(load()["nodes"])
-    for name in extras:
-        build = schema.updater_entry if name in updaters else schema.problem_entry
-        nodes[name] = build(name, strict=False)
+    if extras:
+        from lit_fedco.updaters import available_updaters
+
+        updaters = set(available_updaters())
+        for name in extras:
+            build = schema.updater_entry if name in updaters else schema.problem_entry
+            nodes[name] = build(name, strict=False)
+    for node, cls in NODE_PARAMS.items():
+        entry = schema.node_entry(cls, "config", "", strict=False)
+        own = nodes[node]
+        added = {k: v for k, v in entry["keys"].items() if k not in own["keys"]}
+        nodes[node] = {**own, "keys": {**own["keys"], **added}}
     return {**load(), "nodes": nodes}
 
 

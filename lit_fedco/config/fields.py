@@ -156,12 +156,20 @@ class ModelConfig:
     Attributes:
         name: ``logreg`` (multinomial logistic regression), ``mlp`` (tanh, ``hidden``),
             ``resnet20``, ``linear`` (a score without bias), ``cnn`` (a small CNN, ``hidden``
-            units) or ``conv4`` (MAML's four-layer CNN, ``hidden`` filters).
-        hidden: hidden units (``mlp``, ``cnn``) or filters (``conv4``).
+            units), ``conv4`` (MAML's four-layer CNN, ``hidden`` filters), ``char_lstm`` (a
+            two-layer LSTM of ``hidden`` units over token ids, for ``data.name=text``), or
+            your own ``MODULE:NAME``: an ``nn.Module`` class or factory built as
+            ``NAME(input_shape, num_classes[, seed][, params])``, whose ``Params`` dataclass
+            fields are further ``model.*`` keys.
+        hidden: hidden units (``mlp``, ``cnn``, ``char_lstm``) or filters (``conv4``).
+        buffers: batch norms' running statistics: ``average`` (averaged over the clients like
+            the parameters, the FedAvg convention) or ``local`` (each client keeps its own
+            across rounds and is evaluated with them: FedBN, Li et al. 2021).
     """
 
     name: str = "logreg"
     hidden: int = 64
+    buffers: str = "average"
 
 
 @dataclass

@@ -110,6 +110,8 @@ def import_plugins(cmd: CommandLine) -> CommandLine:
     Raises:
         ConfigError: a module or class that cannot be found, imported or registered.
     """
+    _model_params(cmd)
+    _data_params(cmd)
     refs = cmd.plugin_refs()
     if not refs:
         return cmd
@@ -125,6 +127,59 @@ def import_plugins(cmd: CommandLine) -> CommandLine:
     layers = [(source, _replaced(layer, names)) for source, layer in cmd.layers]
     record = ("the plugins the command line names", {"plugins": list(dict.fromkeys(modules))})
     return dataclasses.replace(cmd, layers=[*layers, record])
+
+
+def _model_params(cmd: CommandLine) -> None:
+    """When the command line's last ``model.name`` is a researcher's ``MODULE:NAME``, import
+    it and make the fields of its ``Params`` dataclass (if any) ``model.*`` keys
+    (:func:`lit_fedco.config.catalog.extend_node`).
+
+    Raises:
+        ConfigError: (key ``model.name``) a module or name that cannot be found or imported.
+    """
+    name = None
+    for _, layer in cmd.layers:
+        values = OmegaConf.to_container(layer, resolve=False) if isinstance(
+            layer, DictConfig) else layer  # fmt: skip
+        model = values.get("model") if isinstance(values, dict) else None
+        if isinstance(model, dict) and isinstance(model.get("name"), str):
+            name = model["name"]
+    if name is None or ":" not in name:
+        return
+    from lit_fedco.config.catalog import extend_node
+    from lit_fedco.core.models import model_factory
+
+    _, params_cls = model_factory(name)
+    if params_cls is not None:
+        extend_node("model", params_cls)
+
+
+def _data_params(cmd: CommandLine) -> None:
+    """When the command line's last ``data.name`` is a data function ``MODULE:FUNCTION``
+    (:mod:`lit_fedco.data.user`), import it and make the fields of its ``Params`` dataclass
+    (if any) ``data.*`` keys (:func:`lit_fedco.config.catalog.extend_node`).
+
+    Raises:
+        ConfigError: (key ``data.name``) a module or function that cannot be found or
+            imported, or parameters that clash with lit_fedco's own data keys.
+    """
+    from lit_fedco.data.names import is_function_ref
+
+    name = None
+    for _, layer in cmd.layers:
+        values = OmegaConf.to_container(layer, resolve=False) if isinstance(
+            layer, DictConfig) else layer  # fmt: skip
+        data = values.get("data") if isinstance(values, dict) else None
+        if isinstance(data, dict) and isinstance(data.get("name"), str):
+            name = data["name"]
+    if name is None or not is_function_ref(name):
+        return
+    from lit_fedco.config.catalog import extend_node, load
+    from lit_fedco.data.user import params_class, resolve_function
+
+    params_cls = params_class(resolve_function(name), name, load()["nodes"]["data"]["keys"])
+    if params_cls is not None:
+        extend_node("data", params_cls)
 
 
 def _replaced(layer: Any, names: dict[str, str]) -> Any:

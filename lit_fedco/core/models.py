@@ -1,8 +1,18 @@
-"""Small models used by the recipes. All are plain ``nn.Module`` s without buffers, so that
-``torch.func.functional_call`` over a parameter dict is the whole model state."""
+"""The models: the recipes' small networks, a researcher's own (``model.name=MODULE:NAME``), and
+the stateless forwards the objectives call.
+
+The model's state is a plain dict: its parameters and, for a model with batch normalisation,
+its running statistics (``running_mean`` / ``running_var`` of every ``_BatchNorm`` that tracks
+them: :func:`running_stats`). Training forwards normalise with each batch's own statistics and
+leave the running ones untouched (:func:`call`); the round updates them after every local step
+from the step's batch (:func:`updated_stats`), and evaluation, in eval mode, normalises with
+them. Every other buffer stays in the module, read-only."""
 
 from __future__ import annotations
 
+import dataclasses
+import importlib
+import inspect
 import math
 import weakref
 from collections.abc import Callable
@@ -148,7 +158,24 @@ class Conv4(nn.Module):
         return self.head(self.features(x).mean(dim=(2, 3)))
 
 
-MODELS = ("logreg", "mlp", "resnet20", "linear", "cnn", "conv4")
+class CharLSTM(nn.Module):
+    """A character-level next-token model (LEAF's Shakespeare, Caldas et al. 2018): an
+    embedding of 8 dimensions, a two-layer LSTM of ``hidden`` units and a linear layer on the
+    last position's output. Inputs are token ids ``[b, L]`` (int64), outputs ``[b, V]``. An
+    LSTM has no ``vmap`` rule in torch, so ``executor=auto`` runs it sequentially."""
+
+    def __init__(self, vocab: int, outputs: int, hidden: int = 64) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(vocab, 8)
+        self.lstm = nn.LSTM(8, hidden, num_layers=2, batch_first=True)
+        self.head = nn.Linear(hidden, outputs)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out, _ = self.lstm(self.embed(x.long()))
+        return self.head(out[:, -1])
+
+
+MODELS = ("logreg", "mlp", "resnet20", "linear", "cnn", "conv4", "char_lstm")
 
 
 # ---------------------------------------------------------------------- stateless forwards
@@ -245,12 +272,121 @@ def call_stacked(model: nn.Module, params: Params, x: torch.Tensor) -> torch.Ten
 
 def call(model: nn.Module, params: Params, x: torch.Tensor) -> torch.Tensor:
     """``model``'s output for ``x`` under ``params``: for lit_fedco's own small models
-    (:data:`STATELESS`) the same forward over the dict directly; else the module's own
-    ``forward`` with ``params`` in place of its parameters (:func:`_swapped_call`)."""
+    (:data:`STATELESS`) the same forward over the dict directly; for a model with running
+    statistics (:func:`running_stats`) its ``forward`` through ``functional_call`` (in train
+    mode on copies of the statistics, which the forward updates and this call drops: the
+    output and its gradient are a plain training forward's, and no tensor of ``params`` is
+    written; in eval mode on the statistics themselves); else the module's own ``forward``
+    with ``params`` in place of its parameters (:func:`_swapped_call`)."""
     fast = STATELESS.get(type(model))
     if fast is not None:
         return fast(model, params, x)
+    if running_stats(model):
+        return functional_call(model, _with_stats_copies(model, params), (x,))
     return _swapped_call(model, params, x)
+
+
+# ---------------------------------------------------------------------- running statistics
+_STATS: weakref.WeakKeyDictionary[nn.Module, tuple[tuple[str, ...], tuple[str, ...]]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def _stats_names(model: nn.Module) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """The names of ``model``'s running statistics and of their ``num_batches_tracked``
+    counters, found once per model."""
+    found = _STATS.get(model)
+    if found is None:
+        stats: list[str] = []
+        counters: list[str] = []
+        for prefix, m in model.named_modules():
+            if isinstance(m, nn.modules.batchnorm._BatchNorm) and m.track_running_stats:
+                dot = f"{prefix}." if prefix else ""
+                stats += [f"{dot}running_mean", f"{dot}running_var"]
+                counters.append(f"{dot}num_batches_tracked")
+        found = (tuple(stats), tuple(counters))
+        _STATS[model] = found
+    return found
+
+
+def draws_randomly(model: nn.Module) -> bool:
+    """Whether ``model``'s training forward draws random numbers (it holds a dropout module):
+    the round then seeds each client's forwards by (seed, client, round, step)."""
+    return any(isinstance(m, nn.modules.dropout._DropoutNd) for m in model.modules())
+
+
+def running_stats(model: nn.Module) -> tuple[str, ...]:
+    """The names of ``model``'s running statistics (``running_mean`` and ``running_var`` of
+    every batch norm that tracks them), which are part of its state dict (:func:`model_state`);
+    empty for a model without them (every built-in model)."""
+    return _stats_names(model)[0]
+
+
+def check_running_stats(model: nn.Module, where: str) -> None:
+    """Refuse batch norms whose running statistics are cumulative averages (``momentum=None``):
+    their update depends on a count of batches that the federated state does not carry.
+
+    Raises:
+        ConfigError: naming ``where`` (the config key) and the module.
+    """
+    for prefix, m in model.named_modules():
+        bn = isinstance(m, nn.modules.batchnorm._BatchNorm) and m.track_running_stats
+        if bn and m.momentum is None:
+            raise ConfigError(
+                f"{where}: the model's batch norm {prefix or type(m).__name__!r} has "
+                "momentum=None (a cumulative average of its statistics), which federated "
+                "training cannot carry; give it a momentum (e.g. the default 0.1)",
+                key=where,
+            )
+
+
+def _with_stats_copies(model: nn.Module, params: Params) -> Params:
+    """``params`` with, in train mode, fresh copies of the running statistics (and counters)
+    for a forward to update; in eval mode ``params`` itself."""
+    if not model.training:
+        return params
+    stats, counters = _stats_names(model)
+    out = dict(params)
+    for name in stats:
+        out[name] = params[name].detach().clone()
+    for name in counters:
+        out[name] = torch.zeros((), dtype=torch.long)
+    return out
+
+
+def updated_stats(model: nn.Module, params: Params, x: torch.Tensor) -> Params:
+    """The running statistics after one training forward of ``model`` on ``x`` under
+    ``params`` (which holds the statistics before it): what a plain PyTorch loop's forward
+    leaves in the batch norms' buffers, ``r ← (1 − momentum)·r + momentum·batch statistic``.
+    Computed without gradients; works under ``vmap`` (each client its own statistics)."""
+    was_training = model.training
+    model.train()
+    try:
+        with torch.no_grad():
+            copies = _with_stats_copies(model, params)
+            functional_call(model, copies, (x,))
+    finally:
+        model.train(was_training)
+    return {name: copies[name] for name in running_stats(model)}
+
+
+def model_state(model: nn.Module, dtype: torch.dtype | None = None) -> Params:
+    """Detached copies of ``model``'s parameters and then its running statistics
+    (:func:`running_stats`), as one plain dict: a client's model state."""
+    out = {name: p.detach().clone().to(dtype or p.dtype) for name, p in model.named_parameters()}
+    buffers = dict(model.named_buffers())
+    for name in running_stats(model):
+        b = buffers[name]
+        out[name] = b.detach().clone().to(dtype or b.dtype)
+    return out
+
+
+def set_model_state(model: nn.Module, state: Params) -> None:
+    """Make ``state`` (:func:`model_state`'s layout) the model's parameters and running
+    statistics (copies, in their own dtype)."""
+    own = {**dict(model.named_parameters()), **dict(model.named_buffers())}
+    for name, value in state.items():
+        own[name].data = value.detach().clone().to(own[name].device)
 
 
 _Slot = tuple[nn.Module | None, str, nn.Parameter]
@@ -330,16 +466,184 @@ product) raises under ``vmap`` in torch 2.14 ("accessing `data` under vmap trans
 allowed"); grad of grad (FCSG's MAML) does not."""
 
 
-def build_model(
-    name: str, input_shape: tuple[int, ...], num_classes: int, seed: int, hidden: int = 64
+def is_model_ref(name: str) -> bool:
+    """Whether ``model.name`` names a researcher's model, ``MODULE:NAME``."""
+    return ":" in name
+
+
+def model_factory(ref: str) -> tuple[Callable[..., nn.Module], type | None]:
+    """The class or factory ``MODULE:NAME`` names, and its parameters' dataclass (its
+    ``Params`` attribute, a frozen dataclass whose fields are ``model.*`` keys; None if it
+    declares none).
+
+    Raises:
+        ConfigError: (key ``model.name``) a module that cannot be imported, a missing name, or
+            a name that is neither an ``nn.Module`` class nor a callable.
+    """
+    module_name, _, attr = ref.partition(":")
+    if not module_name or not attr.isidentifier():
+        raise ConfigError.bad_value(
+            "model.name", ref, "one of the built-in names or MODULE:NAME", "my_models:MyCNN"
+        )
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as err:
+        if err.name is not None and (module_name == err.name or module_name.startswith(err.name)):
+            raise ConfigError(
+                f"model.name: cannot import module {module_name!r} ({err}); run from the "
+                "folder that holds it, put that folder on PYTHONPATH, or install the package",
+                key="model.name",
+            ) from None
+        raise _import_failed(module_name, err) from None
+    except Exception as err:  # the user's module raised while it was imported
+        raise _import_failed(module_name, err) from None
+    obj = getattr(module, attr, None)
+    if obj is None or not callable(obj):
+        found = sorted(
+            k for k, v in vars(module).items()
+            if isinstance(v, type) and issubclass(v, nn.Module) and v.__module__ == module.__name__
+        )  # fmt: skip
+        what = "no" if obj is None else f"a non-callable {type(obj).__name__}"
+        raise ConfigError(
+            f"model.name: module {module_name!r} has {what} {attr!r} (its nn.Module classes: "
+            f"{', '.join(found) or 'none'}); name an nn.Module class or a factory function, "
+            f"e.g. model.name={module_name}:{found[0] if found else 'MyNet'}",
+            key="model.name",
+        )
+    params_cls = getattr(obj, "Params", None)
+    if params_cls is not None and not dataclasses.is_dataclass(params_cls):
+        raise ConfigError(
+            f"model.name: {ref}.Params is a {type(params_cls).__name__}, expected a dataclass "
+            "(its fields are the model.* keys); decorate it with @dataclasses.dataclass",
+            key="model.name",
+        )
+    return obj, params_cls if isinstance(params_cls, type) else None
+
+
+def _import_failed(module: str, err: BaseException) -> ConfigError:
+    first = (str(err).splitlines() or [""])[0][:200]
+    return ConfigError(
+        f"model.name: importing module {module!r} failed ({type(err).__name__}: {first}); "
+        "fix the module",
+        key="model.name",
+    )
+
+
+def build_user_model(
+    ref: str,
+    input_shape: tuple[int, ...],
+    num_classes: int,
+    seed: int,
+    params: dict[str, Any] | None = None,
 ) -> nn.Module:
-    """Build a model with parameters drawn from a generator seeded by ``seed``.
+    """Build a researcher's model ``MODULE:NAME``: ``NAME(input_shape, num_classes)`` with
+    ``seed=`` and ``params=`` (its ``Params`` built from ``params``, the ``model.*`` keys)
+    passed too when its signature takes them, under a generator seeded by ``seed``; its
+    output for two rows of zeros must be ``[2, num_classes]``.
+
+    Raises:
+        ConfigError: (key ``model.name``) see :func:`model_factory`; a call that fails; a
+            result that is not an ``nn.Module``, or outputs of the wrong shape.
+    """
+    factory, params_cls = model_factory(ref)
+    kwargs: dict[str, Any] = {}
+    try:
+        accepted = inspect.signature(factory).parameters
+    except (TypeError, ValueError):  # a builtin without a signature
+        accepted = {}  # type: ignore[assignment]
+    if "seed" in accepted:
+        kwargs["seed"] = seed
+    if params_cls is not None and "params" in accepted:
+        names = {f.name for f in dataclasses.fields(params_cls)}
+        kwargs["params"] = params_cls(**{k: v for k, v in (params or {}).items() if k in names})
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        try:
+            model = factory(tuple(input_shape), num_classes, **kwargs)
+        except ConfigError:
+            raise
+        except Exception as err:
+            first = (str(err).splitlines() or [""])[0][:200]
+            raise ConfigError(
+                f"model.name: {ref}(input_shape={tuple(input_shape)}, num_classes="
+                f"{num_classes}{', seed=...' if 'seed' in kwargs else ''}"
+                f"{', params=...' if 'params' in kwargs else ''}) raised {type(err).__name__}: "
+                f"{first}; a model is built as NAME(input_shape, num_classes[, seed][, params])",
+                key="model.name",
+            ) from None
+    if not isinstance(model, nn.Module):
+        raise ConfigError(
+            f"model.name: {ref} returned a {type(model).__name__}, expected a torch.nn.Module",
+            key="model.name",
+        )
+    check_running_stats(model, "model.name")
+    _check_outputs(model, ref, input_shape, num_classes)
+    return model
+
+
+def _check_outputs(
+    model: nn.Module, ref: str, input_shape: tuple[int, ...], num_classes: int
+) -> None:
+    """One eval-mode forward of two rows of zeros (token id 0 for integer inputs) must give
+    ``[2, num_classes]``."""
+    p = next(model.parameters(), None)
+    dtype = p.dtype if p is not None else torch.get_default_dtype()
+    x = torch.zeros((2, *input_shape), dtype=dtype)
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            try:
+                out = model(x)
+            except Exception:  # token inputs (an embedding) take integer ids
+                out = model(x.long())
+    except Exception as err:
+        first = (str(err).splitlines() or [""])[0][:200]
+        raise ConfigError(
+            f"model.name: {ref} fails on inputs of the data's shape [2, "
+            f"{', '.join(map(str, input_shape))}] ({type(err).__name__}: {first}); make its "
+            "forward take the data set's rows",
+            key="model.name",
+        ) from None
+    finally:
+        model.train(was_training)
+    shape = tuple(out.shape) if isinstance(out, torch.Tensor) else None
+    if shape != (2, num_classes):
+        raise ConfigError(
+            f"model.name: {ref} gives outputs of shape {list(shape) if shape else type(out)} "
+            f"for 2 rows, expected [2, {num_classes}] (one output per class of the data); "
+            "make its last layer's size the num_classes it is built with",
+            key="model.name",
+        )
+
+
+def build_model(
+    name: str,
+    input_shape: tuple[int, ...],
+    num_classes: int,
+    seed: int,
+    hidden: int = 64,
+    params: dict[str, Any] | None = None,
+) -> nn.Module:
+    """Build a model with parameters drawn from a generator seeded by ``seed``: a built-in
+    name (:data:`MODELS`) or a researcher's ``MODULE:NAME`` (:func:`build_user_model`, with
+    ``params`` its ``model.*`` keys).
 
     The global RNG is left untouched (``torch.random.fork_rng``).
     """
+    if is_model_ref(name):
+        return build_user_model(name, input_shape, num_classes, seed, params)
     in_features = math.prod(input_shape)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
+        if name == "char_lstm":
+            if len(input_shape) != 1 or hidden < 1:
+                raise ConfigError.bad_value(
+                    "model.name", name,
+                    f"token sequences [L] (data.name=text) and model.hidden >= 1, got "
+                    f"{list(input_shape)} and {hidden}", "mlp",
+                )  # fmt: skip
+            return CharLSTM(num_classes, num_classes, hidden)
         if name == "logreg":
             return LogisticRegression(in_features, num_classes)
         if name == "mlp":

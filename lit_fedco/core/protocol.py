@@ -139,3 +139,8 @@ class RoundContext:
     server: dict[str, Any] = field(default_factory=dict)
     logged: dict[str, Tensor] = field(default_factory=dict)
     weights: Tensor | None = None
+
+
+LOCAL_STATS = "running_stats"
+"""The kept client-state entry of ``model.buffers=local``: each client's running statistics of
+its model's batch norms (``CompositionalUpdater.keep_running_stats_local``)."""

@@ -161,6 +161,13 @@ def failure_generator(seed: int, client: int, round_idx: int) -> torch.Generator
     return generator(seed, client, round_idx, 0xFA11)
 
 
+def dropout_seed(seed: int, client: int, round_idx: int, step: int) -> int:
+    """The seed of the global generator for client ``client``'s training forwards at local step
+    ``step`` of round ``round_idx`` (stream (seed, client, round, step, 0xD509)): a model's
+    dropout masks are the same on any number of processes."""
+    return torch_seed(seed, client, round_idx, step, 0xD509)
+
+
 def support_generator(seed: int, client: int) -> torch.Generator:
     """Client ``client``'s fixed evaluation support batch (stream (seed, client, 0x5099))."""
     return generator(seed, client, 0x5099)

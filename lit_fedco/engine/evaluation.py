@@ -16,6 +16,7 @@ import torch
 from torch import Tensor
 
 from lit_fedco.core.metrics import PerClientClassification
+from lit_fedco.core.protocol import LOCAL_STATS
 from lit_fedco.core.seeding import support_generator
 from lit_fedco.core.state import State, broadcast, tree_map
 from lit_fedco.data import FederatedData
@@ -62,6 +63,7 @@ class Evaluator:
         # each client scored with its own parameters: its kept personal model (Ditto), or the
         # shared model adapted on a fixed support batch of its own rows (personalised FL)
         self.kept_personal = bool(updater.personal_key)
+        self.local_stats = bool(updater.local_stats)  # model.buffers=local: its own statistics
         self.support = (
             self._support_rows(problem.eval_support or support_size)
             if self.kept_personal or problem.eval_adapt_steps > 0
@@ -127,7 +129,7 @@ class Evaluator:
         xy = (d.x_train, d.y_train) if split == "train" else (d.x_val, d.y_val)
         outputs, objective = self.problem.eval_outputs, self.updater.objective
         chunk, seed = self.eval_batch, self.seed
-        if self.support is None:
+        if self.support is None and not self.local_stats:
             yield from outputs(objective, params, xy, rows, owner, chunk, seed)
             return
         for i, k in enumerate(self.clients.tolist()):
@@ -138,12 +140,27 @@ class Evaluator:
     @torch.no_grad()
     def __call__(self, server: State, store: ClientStore, dtype: torch.dtype) -> dict[str, float]:
         """Average, worst and 10th-percentile client accuracy and loss on every client's train
-        and validation data, per-class validation accuracy, and the updater's client weights."""
+        and validation data, per-class validation accuracy, and the updater's client weights.
+        The model is in eval mode meanwhile (batch norms normalise with their running
+        statistics, dropout is off), and back in train mode after."""
+        model = self.updater.model
+        was_training = model.training
+        model.eval()
+        try:
+            return self._evaluate(server, store, dtype)
+        finally:
+            model.train(was_training)
+
+    def _evaluate(self, server: State, store: ClientStore, dtype: torch.dtype) -> dict[str, float]:
         params = (
             self.personal_params(server, store)
             if self.support is not None
             else self.updater.eval_params(server)
         )
+        if self.local_stats and LOCAL_STATS in store.rows:  # each client its own statistics
+            if self.support is None:
+                params = broadcast(params, len(self.clients))
+            params = {**params, **store.read(self.clients)[LOCAL_STATS]}
         out: dict[str, float] = {}
         for split, metric in self.metrics.items():
             metric.reset()

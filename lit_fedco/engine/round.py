@@ -39,7 +39,9 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor
 
-from lit_fedco.core.protocol import RoundContext, RoundInfo, StepInfo, Sync
+from lit_fedco.core.models import draws_randomly, running_stats, updated_stats
+from lit_fedco.core.protocol import LOCAL_STATS, RoundContext, RoundInfo, StepInfo, Sync
+from lit_fedco.core.seeding import dropout_seed
 from lit_fedco.core.server_opt import ServerOptimizer
 from lit_fedco.core.state import State, broadcast, numel, tree_leaves, tree_map
 from lit_fedco.engine.comm import Comm
@@ -218,6 +220,9 @@ def broadcast_state(r: _Round, server: State, store: ClientStore | None) -> tupl
     states = broadcast(start, r.n)
     if store is not None and store.rows:
         states = {**states, **store.read(r.clients)}
+    if upd.local_stats and LOCAL_STATS in states:  # each client's own running statistics
+        key = upd.model_key
+        states = {**states, key: {**states[key], **states[LOCAL_STATS]}}
     return start, states
 
 
@@ -256,8 +261,10 @@ def local_steps(
     device = tree_leaves(states)[0].device
     log_sum: dict[str, Any] = {}
     step_mean: State = {}
-    stacked = r.ex.stacks and r.upd.stacked()  # the updater's own step over stacked clients
-    inplace = r.ex.in_place and r.upd.inplace()  # the updater's own step into the rows
+    stats = running_stats(r.upd.model)  # batch norms' running statistics, updated per step
+    draws = draws_randomly(r.upd.model)  # dropout: seeded per client and step
+    stacked = r.ex.stacks and r.upd.stacked() and not draws  # its own step, stacked clients
+    inplace = r.ex.in_place and r.upd.inplace() and not (stats or draws)  # into the rows
     held = (
         _held_batches(batches, first, r.info.local_steps)
         if inplace and r.done is None and not step_keys and r.n
@@ -276,12 +283,68 @@ def local_steps(
             logs = r.ex.map(partial(_inplace_step, r.upd, info), states, b, ctx.broadcast, r.n)
         else:
             step = partial(_stacked_step if stacked else _step, r.upd, info)
+            if draws:  # each client's forwards seeded by (seed, client, round, step)
+                b = {**b, _CLIENT: r.clients}
+                step = partial(_seeded, step, r.info, t)
+            fresh = _updated_stats(r, states, b, t if draws else None) if stats else None
             new, logs = r.ex.map(step, states, b, ctx.broadcast, r.n, stacked)
+            if fresh is not None:
+                new = {**new, **{k: {**new[k], **v} for k, v in fresh.items()}}
             states = _where(running, new, states)
         _add_logs(log_sum, logs, running)
         if step_keys:
             states, step_mean = sync_step(r, states, step_keys, running, step_mean)
     return states, log_sum, step_mean
+
+
+def _stats_inputs(upd: CompositionalUpdater, b: Any) -> Any:
+    """The inputs of a step's first minibatch (its first role's ``x``), on which the running
+    statistics are updated; None when the step's batches carry no such rows."""
+    for role in upd.batch_roles:
+        batch = b.get(role) if isinstance(b, dict) else None
+        if isinstance(batch, dict) and isinstance(batch.get(_INPUTS), Tensor):
+            return batch[_INPUTS]
+    return None
+
+
+_INPUTS = "x"
+"""A minibatch's inputs (:data:`lit_fedco.objectives.base.Batch`: ``{"x": ..., "y": ...}``)."""
+_CLIENT = "__client__"
+"""The key under which a step's batches carry each client's id when the model draws randomly."""
+
+
+def _seeded(step: Any, info: RoundInfo, t: int, s: State, b: Any, c: Any) -> Any:
+    """``step`` for one client, the global generator seeded by (seed, client, round, t) for it
+    (:func:`~lit_fedco.core.seeding.dropout_seed`) and restored after."""
+    b = dict(b)
+    client = int(b.pop(_CLIENT))
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(dropout_seed(info.seed, client, info.round, t))
+        return step(s, b, c)
+
+
+def _updated_stats(r: _Round, states: State, b: Any, t: int | None) -> State | None:
+    """The running statistics of each client's model entries (the updater's ``model_key`` and
+    ``personal_key``) after a training forward on the step's first minibatch at the step's
+    starting point (:func:`~lit_fedco.core.models.updated_stats`): what a plain loop's forward
+    leaves in the batch norms, written over what the step itself made of them. With ``t``
+    (a model that draws randomly), each client's forward is seeded as its step's is."""
+    x = _stats_inputs(r.upd, b)
+    if x is None:
+        return None
+    keys = [k for k in (r.upd.model_key, r.upd.personal_key) if k and k in states]
+    model = r.upd.model
+
+    def fresh(s: State, inputs: Any, c: Any) -> State:
+        return {k: updated_stats(model, s[k], inputs) for k in keys}
+
+    inputs: Any = x
+    fn: Any = fresh
+    if t is not None:
+        inputs = {_INPUTS: x, _CLIENT: b[_CLIENT]}
+        fn = partial(_seeded, lambda s, bb, c: fresh(s, bb[_INPUTS], c), r.info, t)
+    out: State = r.ex.map(fn, {k: states[k] for k in keys}, inputs, {}, r.n)
+    return out
 
 
 def sync_step(
@@ -425,6 +488,9 @@ def federated_round(
     ctx, states = round_context(r, server, states, first)
     states, log_sum, step_mean = local_steps(r, states, batches, first, ctx)
     states = end_of_round(r, states, start, ctx)
+    if updater.local_stats:  # kept for the client's next round (model.buffers=local)
+        own = {name: states[updater.model_key][name] for name in updater.local_stats}
+        states = {**states, LOCAL_STATS: own}
     total = aggregate(r, states, ctx, log_sum)
     new_server = server_step(r, server, total, step_mean, ctx, server_opt)
     if store is not None and store.rows:

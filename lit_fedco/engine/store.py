@@ -20,7 +20,7 @@ import torch
 import torch.utils._pytree as pytree
 from torch import Tensor
 
-from lit_fedco.core.protocol import RoundInfo, Sync
+from lit_fedco.core.protocol import LOCAL_STATS, RoundInfo, Sync
 from lit_fedco.core.state import State, broadcast, tree_leaves, tree_map
 
 if TYPE_CHECKING:
@@ -169,4 +169,6 @@ def make_store(
     given = updater.init_client(server, info)
     model = server[updater.model_key]
     zeros = tree_map(torch.zeros_like, model)
-    return ClientStore({key: given.get(key, zeros) for key in keep}, num_clients, rank, world)
+    own_stats = {name: model[name] for name in getattr(updater, "local_stats", ())}
+    initial = {key: own_stats if key == LOCAL_STATS else given.get(key, zeros) for key in keep}
+    return ClientStore(initial, num_clients, rank, world)

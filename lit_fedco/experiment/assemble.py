@@ -8,6 +8,7 @@ import json
 import os
 import socket
 import statistics
+import sys
 from types import SimpleNamespace
 from typing import Any
 
@@ -17,7 +18,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from lit_fedco.config.load import node_params, problem_name
 from lit_fedco.core.errors import ConfigError
-from lit_fedco.core.models import build_model
+from lit_fedco.core.models import build_model, call, is_model_ref, model_state, running_stats
 from lit_fedco.core.server_opt import ServerOptConfig
 from lit_fedco.data import FederatedData, make_federated
 from lit_fedco.engine.executors import choose_executor, make_executor
@@ -36,7 +37,13 @@ from lit_fedco.experiment.pretrain import (
 )
 from lit_fedco.problems import Classification, Problem, ProblemParams, get_problem
 from lit_fedco.report.tracking import check_tracking, check_wandb_server
-from lit_fedco.updaters.base import CompositionalUpdater, available_updaters, get_updater
+from lit_fedco.updaters.base import (
+    CompositionalUpdater,
+    available_updaters,
+    declares_compositions,
+    get_updater,
+    trained_composition,
+)
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64}
 
@@ -206,7 +213,65 @@ def run_executor(cfg: DictConfig) -> str:
     if enabled(cfg):
         names.append(cfg.pretrain.updater)
     updaters = [get_updater(n) for n in names if n in available_updaters()]
+    if cfg.executor == "auto" and is_model_ref(cfg.model.name):
+        choice, reason = probe_executor(cfg)
+        if choice == "sequential" or any(u.unvmappable_models for u in updaters):
+            _note_once(f"executor=auto: sequential for model.name={cfg.model.name} ({reason})")
+            return "sequential"
     return choose_executor(cfg.executor, cfg.model.name, cfg.accelerator, updaters)
+
+
+_PROBED: dict[str, tuple[str, str]] = {}
+_NOTED: set[str] = set()
+
+
+def _note_once(line: str) -> None:
+    if line not in _NOTED:
+        _NOTED.add(line)
+        print(line, file=sys.stderr, flush=True)
+
+
+def model_keys(cfg: DictConfig) -> dict[str, Any]:
+    """The ``model.*`` keys a researcher's model's ``Params`` declares (every key but the
+    built-in ``name``, ``hidden`` and ``buffers``)."""
+    values = OmegaConf.to_container(cfg.model, resolve=True)
+    assert isinstance(values, dict)
+    return {str(k): v for k, v in values.items() if k not in ("name", "hidden", "buffers")}
+
+
+def probe_executor(cfg: DictConfig) -> tuple[str, str]:
+    """Whether a researcher's model runs under ``vmap``: a vmapped gradient of its summed
+    outputs for two clients of two rows each (train mode), once per (model, data) config.
+    Returns ``("vectorized", why)`` or ``("sequential", why)``; the model's own errors (its
+    build, its output shape) are raised as they are."""
+    key = json.dumps(
+        [OmegaConf.to_container(cfg.model, resolve=True),
+         OmegaConf.to_container(cfg.data, resolve=True), cfg.seed],
+        sort_keys=True, default=str,
+    )  # fmt: skip
+    if key in _PROBED:
+        return _PROBED[key]
+    data = build_data(cfg, cfg.seed)
+    model = build_model(
+        cfg.model.name, tuple(data.x_train.shape[1:]), data.num_classes, cfg.seed,
+        cfg.model.hidden, model_keys(cfg),
+    )  # fmt: skip
+    state = model_state(model)
+    rows = data.x_train[:2]
+    two = {k: torch.stack([v, v]) for k, v in state.items()}
+    x = torch.stack([rows, rows])
+
+    def total(p: dict[str, torch.Tensor], v: torch.Tensor) -> torch.Tensor:
+        return call(model, p, v).float().sum()
+
+    try:
+        torch.func.vmap(torch.func.grad(total))(two, x)
+        found = ("vectorized", "it runs under vmap")
+    except Exception as err:
+        first = (str(err).splitlines() or [""])[0][:120]
+        found = ("sequential", f"it does not run under vmap: {type(err).__name__}: {first}")
+    _PROBED[key] = found
+    return found
 
 
 class Assembly:
@@ -264,6 +329,8 @@ class Assembly:
         return self._updaters[key]
 
 
+MODEL_BUFFERS = ("average", "local")
+"""``model.buffers``: running statistics averaged like the parameters, or kept per client."""
 SEED_LIMIT = 2**32
 """Seeds are below 2^32: each names random streams through numpy's 32-bit seed words."""
 EMBEDDED_SOURCES = frozenset({"digits", "digits_st", "invariant_logreg"})
@@ -323,6 +390,10 @@ def check_run(cfg: DictConfig, built: Assembly | None = None) -> None:
         raise ConfigError.bad_value("dtype", cfg.dtype, f"one of {sorted(DTYPES)}", "float32")
     make_executor(run_executor(cfg), cfg.chunk_size)
     check_vmappable(cfg)
+    if cfg.model.buffers not in MODEL_BUFFERS:
+        raise ConfigError.bad_value(
+            "model.buffers", cfg.model.buffers, f"one of {MODEL_BUFFERS}", "local"
+        )
     if cfg.failures.drop == 1:
         raise ConfigError.bad_value(
             "failures.drop", cfg.failures.drop, "a float in [0, 1) (at 1 every client drops out "
@@ -467,7 +538,7 @@ def build_updater(
     )
     model = build_model(
         cfg.model.name, tuple(data.x_train.shape[1:]), problem.num_outputs(), seed,
-        cfg.model.hidden,
+        cfg.model.hidden, model_keys(cfg),
     )  # fmt: skip
     if init is not None:
         set_params(model, init)
@@ -475,7 +546,45 @@ def build_updater(
         objective = problem.objective_for(cls.compositions, model)
     except ConfigError as err:
         raise err.within(f"updater {name!r}") from None
-    return cls(node_params(cfg, name), model, objective), problem
+    updater = cls(node_params(cfg, name), model, objective)
+    if cfg.model.buffers == "local" and running_stats(model):
+        updater.keep_running_stats_local()
+    return updater, problem
+
+
+def trains(cfg: DictConfig, name: str) -> dict[str, str]:
+    """What updater ``name`` trains in run ``cfg``, read from the declarations (no model is
+    built): ``composition`` (the first of its ``compositions`` its problem offers; ``"?"``
+    for a problem that does not declare its ``offers``), ``problem`` (``cfg.objective``, the
+    updater's default problem, or ``classification``) and ``own`` (the problem's own
+    composition, the first it offers)."""
+    cls = get_updater(name)
+    pname = problem_name(cfg, name)
+    offers = (get_problem(pname) if pname else Classification).known_offers()
+    if offers is None:
+        return {"composition": "?", "problem": pname, "own": "?"}
+    found = trained_composition(cls, offers)
+    return {"composition": found or "-", "problem": pname or "classification", "own": offers[0]}
+
+
+def composition_notes(cfg: DictConfig) -> list[str]:
+    """One line for each updater of ``cfg`` that trains another composition than its
+    problem's own without declaring its ``compositions`` (it takes the default's first
+    offered, the empirical risk): the switch is said, not made silently."""
+    notes = []
+    for name in dict.fromkeys(cfg.updaters):
+        if name not in available_updaters():
+            continue
+        got = trains(cfg, name)
+        if got["own"] in ("?", got["composition"]) or declares_compositions(get_updater(name)):
+            continue
+        notes.append(
+            f"{name} trains {got['composition']!r} (it declares no compositions and takes the "
+            f"first objective={got['problem']} offers), not the problem's own {got['own']!r}; "
+            f"declare compositions = ({got['own']!r},) in its class to train that one, or "
+            f"compositions = ({got['composition']!r},) to say it is a baseline"
+        )
+    return notes
 
 
 def partition_summary(stats: dict[str, Any]) -> dict[str, Any]:

@@ -30,6 +30,7 @@ from omegaconf import DictConfig
 from torch import Tensor
 
 from lit_fedco.core.errors import ConfigError
+from lit_fedco.core.models import set_model_state
 from lit_fedco.experiment import checkpoint as ckpt
 
 PRETRAINED = "pretrained.ckpt"
@@ -132,9 +133,7 @@ def set_params(model: torch.nn.Module, params: dict[str, Tensor]) -> None:
     """Make ``params`` the model's parameters (copies, in their own dtype), so that the
     updater's initial state (:meth:`~lit_fedco.updaters.base.CompositionalUpdater.params`) is
     exactly them."""
-    own = dict(model.named_parameters())
-    for name, value in params.items():
-        own[name].data = value.detach().clone().to(own[name].device)
+    set_model_state(model, params)
 
 
 def describe(source: str, params: dict[str, Tensor]) -> dict[str, Any]:

@@ -38,7 +38,8 @@ from torch import Tensor, nn
 
 from lit_fedco.core.autodiff import grad_and_value, stacked_grad_and_value
 from lit_fedco.core.errors import ConfigError
-from lit_fedco.core.protocol import Probe, RoundContext, RoundInfo, StepInfo, Sync
+from lit_fedco.core.models import running_stats
+from lit_fedco.core.protocol import LOCAL_STATS, Probe, RoundContext, RoundInfo, StepInfo, Sync
 from lit_fedco.core.server_opt import ServerOptConfig
 from lit_fedco.core.state import State
 from lit_fedco.objectives.base import Batch, Context, Objective, model_params
@@ -169,6 +170,18 @@ class CompositionalUpdater(Generic[H]):
         self.batch_roles: tuple[str, ...] = self.roles or (
             ("inner", "outer") if self.objective.outer_needs_batch else ("inner",)
         )
+        self.local_stats: tuple[str, ...] = ()
+        """The running statistics each client keeps (``model.buffers=local``); empty: they
+        are averaged with the parameters."""
+
+    def keep_running_stats_local(self) -> None:
+        """``model.buffers=local`` (FedBN, Li et al. 2021): every client keeps its model's
+        running statistics across rounds in the kept entry :data:`LOCAL_STATS` (its own
+        normalisation, trained from its own batches) and is evaluated with them; the averaged
+        ones in the server's model are not used by the clients."""
+        self.local_stats = running_stats(self.model)
+        if self.local_stats:
+            self.client_state = {**type(self).client_state, LOCAL_STATS: Sync.KEEP}  # type: ignore[misc]
 
     # ------------------------------------------------------------------ set-up
     def init_server(self, params: dict[str, Tensor], num_clients: int) -> State:
@@ -511,6 +524,19 @@ def get_updater(name: str) -> type[CompositionalUpdater]:
             "Register new updaters with @lit_fedco.register('name')."
         )
     return _REGISTRY[name]
+
+
+def declares_compositions(cls: type[CompositionalUpdater]) -> bool:
+    """Whether ``cls`` (or a base of it other than :class:`CompositionalUpdater`) declares its
+    :attr:`~CompositionalUpdater.compositions`; one that does not takes the default, and so the
+    empirical risk wherever a problem offers it."""
+    return any("compositions" in c.__dict__ for c in cls.__mro__ if c is not CompositionalUpdater)
+
+
+def trained_composition(cls: type[CompositionalUpdater], offers: tuple[str, ...]) -> str | None:
+    """The composition updater ``cls`` trains on a problem offering ``offers``: the first of its
+    :attr:`~CompositionalUpdater.compositions` offered; None if none is."""
+    return next((c for c in cls.compositions if c in offers), None)
 
 
 def available_updaters() -> list[str]:
