@@ -189,6 +189,19 @@ CASES = [
     case("sub-run-without-run-name", ["sub_run=0"], r"run_name: got '', expected the name of the run the sub-run belongs to"),
     case("sub-run-with-resume-path", ["sub_run=0", "run_name=g", "resume=x.ckpt"], r"resume: got 'x.ckpt', expected '' or auto with sub_run or jobs"),
     case("jobs-in-variant", ["variants=[jobs=2]"], r"variants\[0\]: sets jobs=2, a key of the whole run"),
+    # --- a researcher's own data (issue 31)
+    case("own-data-no-data-dir", ["data.name=npz"], r"data\.data_dir: empty, but data\.name=npz reads an \.npz file"),
+    case("own-data-missing-dir", ["data.name=imagefolder", "data.data_dir={d}/nothing_here"], r"data\.data_dir: got '.*nothing_here', which does not exist; data\.name=imagefolder reads an ImageFolder tree"),
+    case("data-module-missing", ["data.name=no_such_data_module:load"], r"data\.name: cannot import module 'no_such_data_module'"),
+    case("data-function-missing", ["data.name=bad_data_fn:lod"], r"data\.name: module 'bad_data_fn' has no function 'lod' \(its functions: load, wrong_type\)"),
+    case("data-function-wrong-type", ["data.name=bad_data_fn:wrong_type"], r"data\.name: 'bad_data_fn:wrong_type' returned a 2-item list, expected a lit_fedco\.data\.UserData"),
+    case("data-function-labels", ["data.name=bad_data_fn:load", "data.classes=2"], r"data\.name: bad_data_fn:load's training labels include 2 \(row 2, 8 such rows\), expected class labels in \[0, 2\)"),
+    case("own-data-clients-over-samples", ["data.name=npz", "data.data_dir={d}/small.npz", "data.partition=iid", "data.num_clients=50", "cohort=5"], r"data\.num_clients: got 50, expected at most the 30 samples"),
+    case("shards-over-samples", ["data.name=npz", "data.data_dir={d}/small.npz", "data.partition=shards", "data.num_clients=10", "data.shards_per_client=4", "cohort=5"], r"data\.shards_per_client: got 4, expected num_clients \* shards_per_client <= the 30 samples"),
+    case("natural-without-groups", ["data.partition=natural"], r"data\.partition: got 'natural' \(a client per group id\), but data\.name=digits gives no group ids"),
+    case("natural-clients-mismatch", ["data.name=npz", "data.data_dir={d}/small.npz", "data.partition=natural", "cohort=3"], r"data\.num_clients: got 10, expected the 3 group ids of the training data .*set e\.g\. data\.num_clients=3"),
+    case("own-without-test-groups", ["data.name=npz", "data.data_dir={d}/small.npz", "data.partition=natural", "data.num_clients=3", "data.val_mode=own", "cohort=3"], r"data\.val_mode: got 'own', but the test split of data\.name=npz has no group ids"),
+    case("own-without-natural", ["data.val_mode=own"], r"data\.val_mode: got 'own', which needs data\.partition=natural"),
 ]  # fmt: skip
 
 
@@ -275,6 +288,16 @@ def bad_data(tmp_path_factory) -> Path:
     (d / "loop").mkdir()
     (d / "loop" / "a").symlink_to(d / "loop" / "b")
     (d / "loop" / "b").symlink_to(d / "loop" / "a")
+    g = np.random.default_rng(0)  # 30 rows of 3 groups, and a test split without group ids
+    np.savez(d / "small.npz", x=g.normal(size=(30, 4)), y=np.arange(30) % 3,
+             group=np.arange(30) % 3, x_test=g.normal(size=(9, 4)), y_test=np.arange(9) % 3)  # fmt: skip
+    (d / "bad_data_fn.py").write_text(
+        "from dataclasses import dataclass\n\nimport numpy as np\n\n\n"
+        "@dataclass(frozen=True)\nclass P:\n    classes: int = 3\n\n\n"
+        "def load(params: P):\n    y = np.arange(24) % 3\n"
+        "    return np.zeros((24, 2)), y, np.zeros((6, 2)), y[:6], params.classes\n\n\n"
+        "def wrong_type():\n    return [1, 2]\n"
+    )
     return d
 
 
@@ -301,6 +324,7 @@ def test_bad_input_exits_2_with_one_line_and_writes_nothing(
     for key, value in env.items():
         value = str(busy.getsockname()[1]) if value == "BUSY" else value
         monkeypatch.setenv(key, value)
+    monkeypatch.syspath_prepend(str(bad_data))  # bad_data_fn: data functions of one's own
     out = tmp_path / "out"
     defaults = importlib.import_module(f"lit_fedco.recipes.{recipe}").DEFAULTS
     args = override([*BASE, f"out_dir={out}"], [a.replace("{d}", str(bad_data)) for a in argv])

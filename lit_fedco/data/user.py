@@ -287,8 +287,8 @@ def function_pools(ref: str, result: Any) -> Any:
         result = dict(zip(("x_train", "y_train", "x_test", "y_test", "num_classes"), result,
                           strict=True))  # fmt: skip
     if not isinstance(result, dict):
-        shown = f"a {len(result)}-tuple" if isinstance(result, tuple | list) else (
-            f"a {type(result).__name__}")  # fmt: skip
+        kind = type(result).__name__
+        shown = f"a {len(result)}-item {kind}" if isinstance(result, tuple | list) else f"a {kind}"
         raise ConfigError(f"data.name: {ref!r} returned {shown}, expected {forms}", key=key)
     needed = ("x_train", "y_train", "x_test", "y_test", "num_classes")
     missing = [k for k in needed if k not in result]
