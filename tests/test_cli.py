@@ -271,7 +271,7 @@ def test_an_updater_registered_at_run_time_goes_the_full_way(monkeypatch, capsys
     assert catalog.runtime_extras() == ["prox_test"]
     cli.run("ds_feddro", DEFAULTS, ["updater=prox_test", "prox_test.mu=0.5", "--help"])
     out = capsys.readouterr().out
-    assert "prox_test: FedProx: a test." in out
+    assert "prox_test (trains erm, not sample_dro's own distributed): FedProx: a test." in out
     assert has_row(out, "prox_test.mu=0.5") and "μ, the proximal weight." in out
     with pytest.raises(SystemExit):
         cli.run("ds_feddro", DEFAULTS, ["updater=prox_test", "prox_test.nu=0.5"])

@@ -113,7 +113,7 @@ def test_a_wrong_module_or_class_is_one_line(argv, message, user_module, capsys,
 def test_help_lists_the_hyperparameters_of_a_class_of_ones_own(user_module, capsys):
     cli.run("comfedl_dro", DEFAULTS, ["updater=my_lab.methods:MyProx", "my_prox.mu=0.3", "--help"])
     out = capsys.readouterr().out
-    assert "my_prox: FedProx: local SGD on ℓ(x) + μ/2 ‖x − x̄‖²." in out
+    assert "my_prox (trains erm, not client_dro's own local): FedProx: local SGD on" in out
     assert "  my_prox.mu=0.3" in out and "μ, the proximal weight." in out
 
 

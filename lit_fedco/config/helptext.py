@@ -164,6 +164,25 @@ def _problems(nodes: dict[str, Any], updaters: list[str], objective: str) -> dic
     return {p: f"the problem of {', '.join(us)}" for p, us in out.items()}
 
 
+def trains_note(nodes: dict[str, Any], updater: str, objective: str) -> str:
+    """`` (trains distributed)``: the composition updater ``updater`` trains in a run with
+    ``objective`` (the first of its ``compositions`` the problem offers), and the problem's
+    own where it is another (`` (trains erm, not sample_dro's own distributed)``); empty
+    where the catalog does not say (a problem that does not declare its ``offers``)."""
+    node = nodes.get(updater, {})
+    problem = objective or node.get("default_problem", "")
+    offers = nodes.get(problem, {}).get("offers") if problem else ["erm"]
+    compositions = node.get("compositions")
+    if not offers or not compositions:
+        return ""
+    found = next((c for c in compositions if c in offers), None)
+    if found is None:
+        return f" (trains none of what {problem} offers: {', '.join(offers)})"
+    if found == offers[0]:
+        return f" (trains {found})"
+    return f" (trains {found}, not {problem or 'classification'}'s own {offers[0]})"
+
+
 def render(
     recipe: str,
     defaults: dict[str, Any],
@@ -214,7 +233,8 @@ def render(
         if node["kind"] == "problem":
             note = f" ({problems[name]})" if name in problems else f" (objective={name})"
         else:
-            note = "" if name in updaters else " (not in this run)"
+            objective = str(values.get("objective") or "")
+            note = trains_note(nodes, name, objective) if name in updaters else " (not in this run)"
         w.heading(f"{name}{note}: {node['help']}")
         w.rows(_key_rows(node, values.get(name, {}), f"{name}.", not everything))
 

@@ -169,7 +169,8 @@ def updater_entry(name: str, strict: bool = True) -> dict[str, Any]:
             f"sentence is the updater's line in --help; write one, then run {WRITE_COMMAND}"
         )
     return node_entry(cls.hparams_cls, "updater", line, strict,
-                      default_problem=cls.default_problem)  # fmt: skip
+                      default_problem=cls.default_problem,
+                      compositions=list(cls.compositions))  # fmt: skip
 
 
 def problem_entry(name: str, strict: bool = True) -> dict[str, Any]:
@@ -177,7 +178,9 @@ def problem_entry(name: str, strict: bool = True) -> dict[str, Any]:
     from lit_fedco.problems import get_problem
 
     cls = get_problem(name)
-    return node_entry(cls.params_cls, "problem", first_sentence(cls.params_cls.__doc__), strict)
+    offers = cls.known_offers()
+    return node_entry(cls.params_cls, "problem", first_sentence(cls.params_cls.__doc__), strict,
+                      offers=list(offers) if offers is not None else None)  # fmt: skip
 
 
 def build() -> dict[str, Any]:

@@ -33,9 +33,11 @@ from lit_fedco.experiment.assemble import (
     RESUMABLE_CHANGES,
     Assembly,
     check_run,
+    composition_notes,
     launch_rank,
     make_fabric,
     run_executor,
+    trains,
 )
 from lit_fedco.experiment.cpu_memory import keep_freed_memory
 from lit_fedco.experiment.jobs import (
@@ -323,7 +325,7 @@ def _pretrained(
             print(f"lit_fedco: cannot write {saved} ({why}); the methods start from the "
                   "pre-trained model all the same", file=sys.stderr)  # fmt: skip
     label = f"pretrain [{variant}]" if variant else "pretrain"
-    record(label, final, folder)
+    record(label, final, folder, trains(pretrain.pretrain_config(vcfg), name)["composition"])
     return {"params": params, "from": f"{folder}/{pretrain.PRETRAINED}"}
 
 
@@ -384,16 +386,20 @@ def _plan_sub(
 def format_table(
     rows: list[tuple[str, list[dict[str, float]]]],
     columns: list[tuple[str, str]] | None = None,
+    trained: dict[str, str] | None = None,
 ) -> str:
     """A plain-text table: one row per updater, mean ± std over seeds.
 
-    ``columns`` are (metric key, label) pairs; :data:`TABLE_COLUMNS` by default.
+    ``columns`` are (metric key, label) pairs; :data:`TABLE_COLUMNS` by default. ``trained``
+    (row label → composition) adds the column ``trains`` after the updater's name: what
+    each row's method was trained on (``erm``: the empirical risk; ``local``,
+    ``distributed``, ``conditional``...: the problem's compositional objectives).
     """
     columns = TABLE_COLUMNS if columns is None else columns
-    head = ["updater", *[label for _, label in columns], "seeds"]
+    head = ["updater", *(["trains"] if trained else []), *[label for _, label in columns], "seeds"]
     lines = []
     for name, results in rows:
-        cells = [name]
+        cells = [name, *([trained.get(name, "-")] if trained else [])]
         diverged = [int(r["diverged_round"]) for r in results if "diverged_round" in r]
         for key, _ in columns:
             vals = torch.tensor([r[key] for r in results if key in r], dtype=torch.float64)
@@ -464,6 +470,8 @@ def run_recipe(
                 check_run(c, built)
             except ConfigError as err:
                 raise err.within(f"variant {variant!r}") if variant else err from None
+        for line in dict.fromkeys(n for _, c in checks for n in composition_notes(c)):
+            print(f"lit_fedco: note: {line}", file=sys.stderr)  # not silently another objective
         if rank is not None and not cfg.run_name:
             raise ConfigError.bad_value(
                 "run_name", "", "a name every process of the run is given (torchrun, srun and "
@@ -726,9 +734,12 @@ def _run(
     folders: dict[str, list[str]] = {}
     starts: dict[tuple[int, int], dict[str, Any] | None] = {}
 
-    def record(label: str, final: dict[str, float], folder: str) -> None:
+    trained: dict[str, str] = {}  # label → the composition it trains (the table's column)
+
+    def record(label: str, final: dict[str, float], folder: str, composition: str) -> None:
         rows.setdefault(label, []).append(final)
         folders.setdefault(label, []).append(folder)
+        trained[label] = composition
 
     def start_of(i: int, variant: str, vcfg: DictConfig, seed: int) -> dict[str, Any] | None:
         """The shared starting point of the methods of (variant, seed), made once: the
@@ -754,7 +765,7 @@ def _run(
                                        plan.resume.get(folder), announce, init, built,
                                        branch)  # fmt: skip
                 label = (f"{name} [{variant}]" if variant else name) + label_suffix(vcfg, name)
-                record(label, final, folder)
+                record(label, final, folder, trains(vcfg, name)["composition"])
         except Stopped as stop:
             if rank0:
                 where = f"; checkpoint {stop.saved}" if stop.saved else ""
@@ -778,7 +789,7 @@ def _run(
                   f"out_dir={cfg.out_dir} writes the run's table, results and figures")  # fmt: skip
         return table_rows
     if rank0:
-        table = format_table(table_rows, columns)
+        table = format_table(table_rows, columns, trained)
         title = f"{recipe}: final metrics per method ({evaluated_on}, mean over clients)"
         used = columns or TABLE_COLUMNS
         tests = against_best(table_rows, [k for k, _ in used if not k.startswith(UNTESTED)])
@@ -789,6 +800,7 @@ def _run(
             "config": OmegaConf.to_container(cfg, resolve=True),
             "columns": [list(c) for c in (columns or TABLE_COLUMNS)],
             "evaluated_on": evaluated_on,
+            "trains": trained,
             "results": rows,
             **_recorded(run_dir, folders),
             **({"branched_from": plan.branch} if plan.branch else {}),

@@ -320,7 +320,9 @@ class SubRun:
         self.status.setdefault("init", self.init_record)  # a resumed sub-run keeps its start
         self.status.update(note)
         wandb_id = next((getattr(lg, "version", None) for lg in self.loggers), None)
+        trained = loop.updater.objective  # what it trains, beside its name
         self.write_status(state="running", updater=self.name, seed=self.loop.cfg.seed,
+                          trains=trained.composition, objective=type(trained).__name__,
                           rounds=cfg.rounds, wandb_id=wandb_id, processes=self.fabric.world_size,
                           threads=torch.get_num_threads())  # fmt: skip
 

@@ -63,6 +63,10 @@ class Problem:
 
     name: ClassVar[str] = ""
     params_cls: ClassVar[type[ProblemParams]] = ProblemParams
+    offers: ClassVar[tuple[str, ...]] = ("erm",)
+    """The compositions :meth:`objectives` offers, in its order; the first is the problem's own
+    (the one its recipe is about), which the table and ``--help`` name next to what each
+    updater trains (read without building a model; ``tests/test_updaters.py`` checks it)."""
     eval_adapt_steps: int = 0
     """Adaptation steps each client takes on its own support rows before it is evaluated
     (:meth:`adapt_for_eval`); 0: every client is evaluated with the shared model."""
@@ -83,9 +87,24 @@ class Problem:
         """The objectives of this task keyed by composition (``"conditional"``, ``"erm"``...)."""
         return {"erm": Objective(model)}
 
+    @classmethod
+    def known_offers(cls) -> tuple[str, ...] | None:
+        """:attr:`offers`, where it was declared for this class's :meth:`objectives` (by the
+        class that defines them or a subclass of it); None for a problem that overrides
+        :meth:`objectives` without declaring what they offer."""
+        declared = next(c for c in cls.__mro__ if "offers" in c.__dict__)
+        defined = next(c for c in cls.__mro__ if "objectives" in c.__dict__)
+        return cls.offers if issubclass(declared, defined) else None
+
     def objective_for(self, compositions: tuple[str, ...], model: nn.Module) -> Objective:
         """The objective for an updater accepting ``compositions`` (in its order of preference)."""
         offered = self.objectives(model)
+        known = self.known_offers()
+        if known is not None and tuple(offered) != known:
+            raise TypeError(
+                f"{type(self).__qualname__}.offers is {known}, but its objectives() offer "
+                f"{tuple(offered)}: make them agree"
+            )
         for comp in compositions:
             if comp in offered:
                 return offered[comp]

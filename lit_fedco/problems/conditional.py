@@ -45,6 +45,7 @@ class InvariantLogRegProblem(Problem):
     """FCSG §5.1; the model is a score (``model.name=linear``, one output)."""
 
     params_cls = InvariantLogRegParams
+    offers = ("conditional",)
 
     def num_outputs(self) -> int:
         return 1
@@ -92,6 +93,7 @@ class AUPRCProblem(Problem):
     min-max AUC loss for CODA+ — all scored by average precision on the unchanged test set."""
 
     params_cls = AUPRCParams
+    offers = ("conditional", "erm", "minimax")
 
     def num_outputs(self) -> int:
         return 1

@@ -46,6 +46,7 @@ class ClientDROProblem(Problem):
     (DRFL, q-FedAvg, FedAvg) get the empirical risk and bring their own robustness."""
 
     params_cls = ClientDROParams
+    offers = ("local", "erm")
 
     def objectives(self, model: nn.Module) -> dict[str, Objective]:
         p = self.params
@@ -78,6 +79,7 @@ class SampleDROProblem(Problem):
     risk."""
 
     params_cls = SampleDROParams
+    offers = ("distributed", "erm")
 
     def objectives(self, model: nn.Module) -> dict[str, Objective]:
         p = self.params

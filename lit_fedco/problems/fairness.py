@@ -122,6 +122,7 @@ class FairnessProblem(Problem):
     ``val/violation``, and the objective Φ itself as ``train/objective``, ``val/objective``."""
 
     params_cls = FairnessParams
+    offers = ("distributed", "erm")
 
     def __init__(self, params: ProblemParams, data: FederatedData) -> None:
         super().__init__(params, data)

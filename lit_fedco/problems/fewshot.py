@@ -57,6 +57,7 @@ class MAMLProblem(Problem):
     FedAvg; all evaluated by query accuracy after ``eval_steps`` adaptation steps."""
 
     params_cls = MAMLParams
+    offers = ("conditional", "erm")
 
     def num_outputs(self) -> int:
         p = self.params

@@ -62,6 +62,7 @@ class PFLProblem(Problem):
     others; every method evaluated after adapting on each client's own support rows."""
 
     params_cls = PFLParams
+    offers = ("local", "damaml", "erm")
 
     def __init__(self, params: ProblemParams, data: FederatedData) -> None:
         super().__init__(params, data)

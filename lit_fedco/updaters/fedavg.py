@@ -16,6 +16,7 @@ Any updater gets the same through the run's ``server_opt`` key (``server_opt.nam
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 from torch import Tensor
 
@@ -32,6 +33,9 @@ class FedAvg(CompositionalUpdater[H]):
     The cohort mean is unweighted (each sampled client counts 1/m), as in ComFedL's
     Algorithm 1 line 20, so that the two are compared on the same aggregation.
     """
+
+    compositions: ClassVar[tuple[str, ...]] = ("erm", "local", "distributed", "conditional")
+    """A baseline: the problem's empirical risk where it offers one, else its own objective."""
 
     def client_step(
         self, state: State, batches: dict[str, Batch], ctx: Context, step: StepInfo
