@@ -353,3 +353,81 @@ def test_the_example_model_module_is_importable():
         sys.path.pop(0)
     model = BNCNN((3, 16, 16), 5, BNCNN.Params(width=8))
     assert running_stats(model) and model(torch.zeros(2, 3, 16, 16)).shape == (2, 5)
+
+
+def _image_tree(root: Path) -> None:
+    """3 classes of 12×12 grey PNGs by 4 writers (a writer's style: a brighter stripe)."""
+    import numpy as np
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+    for split, n in (("train", 8), ("test", 4)):
+        for c in range(3):
+            folder = root / split / f"class{c}"
+            folder.mkdir(parents=True)
+            for w in range(4):
+                for i in range(n):
+                    img = rng.uniform(0, 60, (12, 12))
+                    img[:, c * 4 : (c + 1) * 4] += 150 + 10 * w
+                    name = folder / f"writer{w}_{i:03d}.png"
+                    Image.fromarray(img.clip(0, 255).astype(np.uint8)).save(name)
+
+
+def _final_metrics(run: Path) -> dict[str, list[dict]]:
+    import csv
+
+    return {
+        u: list(csv.DictReader((run / f"{u}-seed0" / "metrics.csv").open()))
+        for u in ("fedavg", "comfedl")
+    }
+
+
+@pytest.mark.slow
+def test_bn_cnn_on_an_image_folder_by_writer_is_the_same_run_under_jobs_devices_and_kill(
+    tmp_path: Path,
+):
+    """The issue's end-to-end case, from a folder outside the repository: the documented BN CNN
+    (docs/examples/bn_cnn.py) on an ImageFolder tree split one client per writer, through
+    comfedl_dro with FedAvg and ComFedL: jobs=2, devices=2, and a kill -9 then resume=auto
+    give the metrics of the plain run, row for row; model.buffers=local runs too."""
+    (tmp_path / "bn_cnn.py").write_text((REPO / "docs" / "examples" / "bn_cnn.py").read_text())
+    _image_tree(tmp_path / "tree")
+    out = tmp_path / "runs"
+    common = [
+        "model.name=bn_cnn:BNCNN", "model.width=4", "data.name=imagefolder",
+        f"data.data_dir={tmp_path / 'tree'}", "data.partition=natural", "data.num_clients=4",
+        "cohort=4", "data.val_mode=own", "updaters=[fedavg,comfedl]", "rounds=12",
+        "checkpoint_every=1", "seeds=[0]", "progress=false", "tracking=[csv]", f"out_dir={out}",
+    ]  # fmt: skip
+    runs = out / "comfedl_dro"
+    for extra in (["run_name=plain"], ["run_name=jobs", "jobs=2"], ["run_name=dev", "devices=2"]):
+        res = _cli([*common, *extra], tmp_path)
+        assert res.returncode == 0, res.stderr[-3000:]
+    plain = _final_metrics(runs / "plain")
+    assert _final_metrics(runs / "jobs") == plain
+    dev = _final_metrics(runs / "dev")  # 2 processes: the same up to summation order
+    for u, rows in plain.items():
+        for a, b in zip(rows, dev[u], strict=True):
+            for key in ("val/acc_avg", "train/loss"):
+                if a.get(key):
+                    assert abs(float(a[key]) - float(b[key])) < 1e-5, (u, key, a[key], b[key])
+    env = {**os.environ, "WANDB_MODE": "offline", "PYTHONPATH": str(tmp_path)}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "lit_fedco.recipes.comfedl_dro", *common, "run_name=killed"],
+        cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    ckpts = runs / "killed" / "fedavg-seed0" / "checkpoints"
+    import time
+
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and len(list(ckpts.glob("*.ckpt"))) < 3:
+        time.sleep(0.05)
+    proc.kill()  # SIGKILL
+    proc.wait()
+    assert len(list(ckpts.glob("*.ckpt"))) >= 1
+    res = _cli([*common, "run_name=killed", "resume=auto"], tmp_path)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert _final_metrics(runs / "killed") == plain
+    res = _cli([*common, "run_name=local", "model.buffers=local"], tmp_path)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert "buffers: local" in (runs / "local" / "config.yaml").read_text()
