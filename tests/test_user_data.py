@@ -254,6 +254,13 @@ def test_text_folder_of_train_and_test_files(tmp_path):
                  "data.partition=iid", "data.num_clients=3", "data.val_mode=all")  # fmt: skip
     assert data.num_classes == 10 and int(data.sizes("train").sum()) == 45
     assert int(data.sizes("val").sum()) == 15
+    strided = build("data.name=text", f"data.data_dir={tmp_path}", "data.seq_len=5",
+                    "data.seq_stride=4", "data.partition=iid", "data.num_clients=3",
+                    "data.val_mode=all")  # fmt: skip
+    assert int(strided.sizes("train").sum()) == 12  # windows 0, 4, ..., 44 of the 45
+    vocab, text = strided.stats["vocab"], "abcdefghij" * 5
+    got = sorted("".join(vocab[i] for i in row) for row in strided.x_train.tolist())
+    assert got == sorted(text[i : i + 5] for i in range(0, 45, 4))
 
 
 # ------------------------------------------------------------------------------ data functions

@@ -77,6 +77,8 @@ class DataConfig:
         image_size: ``imagefolder`` / ``hf_disk`` images resized to this side (0: as read,
             all of one size).
         seq_len: ``text``: characters per sample (the next one is its label; LEAF: 80).
+        seq_stride: ``text``: characters between the starts of consecutive samples (1: every
+            window, as LEAF; larger: fewer samples, for a long text).
         feature_column: ``hf_disk``: the input column (an image or numbers).
         label_column: ``hf_disk``: the label column (ints).
         group_column: ``hf_disk``: the group id column for ``partition=natural`` (empty: none).
@@ -110,6 +112,7 @@ class DataConfig:
     size_sigma: float = 1.0
     image_size: int = 0
     seq_len: int = 80
+    seq_stride: int = 1
     feature_column: str = "image"
     label_column: str = "label"
     group_column: str = ""

@@ -27,7 +27,8 @@ knows about clients.
   speaker ``NAME`` (a letter, then up to 39 letters, digits, spaces or ``.'-_``) and the lines
   after it without such a prefix continue it; each speaker is a group. Text before the first
   speaker line is dropped; a file without speaker lines is one text without groups. Every
-  window of ``seq_len`` consecutive characters of a speaker's text is a sample: ``x`` its
+  window of ``seq_len`` consecutive characters of a speaker's text (every ``seq_stride``-th
+  one) is a sample: ``x`` its
   character ids, int64 [N, seq_len], ``y`` the id of the character after it. The vocabulary
   is the sorted set of the file's characters (``stats["vocab"]``); ``num_classes`` is its
   size. Speakers whose text yields no window in either part are dropped (a note says how many).
@@ -351,10 +352,10 @@ def speaker_texts(text: str) -> dict[str, str] | None:
     return {k: "\n".join(v) for k, v in out.items()}
 
 
-def _windows(ids: np.ndarray, seq_len: int) -> tuple[np.ndarray, np.ndarray]:
+def _windows(ids: np.ndarray, seq_len: int, stride: int = 1) -> tuple[np.ndarray, np.ndarray]:
     if len(ids) <= seq_len:
         return np.zeros((0, seq_len), np.int64), np.zeros(0, np.int64)
-    w = np.lib.stride_tricks.sliding_window_view(ids, seq_len + 1)
+    w = np.lib.stride_tricks.sliding_window_view(ids, seq_len + 1)[::stride]
     return np.ascontiguousarray(w[:, :seq_len]), np.ascontiguousarray(w[:, seq_len])
 
 
@@ -366,7 +367,7 @@ def _read_text(path: Path) -> str:
                           f"({err})", key="data.data_dir") from None  # fmt: skip
 
 
-def read_text(data_dir: str, seq_len: int) -> Pools:
+def read_text(data_dir: str, seq_len: int, stride: int = 1) -> Pools:
     """The ``text`` reader (see the module's docstring)."""
     path = _data_dir(data_dir, "text", "a text file, or a folder with train.txt and test.txt")
     if path.is_file():
@@ -392,8 +393,8 @@ def read_text(data_dir: str, seq_len: int) -> Pools:
     rows: dict[str, list[tuple[np.ndarray, np.ndarray, np.ndarray]]] = {"train": [], "test": []}
     dropped = 0
     for name, (a, b) in parts.items():
-        w_tr = _windows(np.array([table[c] for c in a], dtype=np.int64), seq_len)
-        w_te = _windows(np.array([table[c] for c in b], dtype=np.int64), seq_len)
+        w_tr = _windows(np.array([table[c] for c in a], dtype=np.int64), seq_len, stride)
+        w_te = _windows(np.array([table[c] for c in b], dtype=np.int64), seq_len, stride)
         if len(w_tr[1]) == 0 or (len(w_te[1]) == 0 and path.is_file()):
             dropped += 1
             continue
@@ -434,4 +435,4 @@ def read_file_source(spec: Any) -> Pools:
     if spec.name == "hf_disk":
         return read_hf_disk(spec.data_dir, spec.feature_column, spec.label_column,
                             spec.group_column, spec.image_size)  # fmt: skip
-    return read_text(spec.data_dir, spec.seq_len)
+    return read_text(spec.data_dir, spec.seq_len, spec.seq_stride)

@@ -110,6 +110,7 @@ class PartitionedSpec(DataSpecBase):
         size_sigma: σ of the log-normal client sizes of ``partition=size_skew``.
         image_size: the side images are resized to (``imagefolder``, ``hf_disk``); 0: as read.
         seq_len: characters per sample of ``text``.
+        seq_stride: characters between the starts of consecutive ``text`` samples.
         feature_column / label_column / group_column: the columns ``hf_disk`` reads (an empty
             group column: none).
         params: a data function's parameters (its ``Params`` dataclass, built from the
@@ -136,6 +137,7 @@ class PartitionedSpec(DataSpecBase):
     size_sigma: float = 1.0
     image_size: int = 0
     seq_len: int = 80
+    seq_stride: int = 1
     feature_column: str = "image"
     label_column: str = "label"
     group_column: str = ""
@@ -164,6 +166,7 @@ class PartitionedSpec(DataSpecBase):
                 "data.image_size", self.image_size, "an int >= 0 (0: the size as read)", "28"
             )
         _at_least_one("data.seq_len", self.seq_len, "80")
+        _at_least_one("data.seq_stride", self.seq_stride, "1")
         if self.binary and not 0.0 <= self.drop_positive < 1.0:
             raise ConfigError.bad_value(
                 "data.drop_positive", self.drop_positive, "a float in [0, 1)", "0.8"
