@@ -82,7 +82,8 @@ def test_bad_grids_are_refused_with_one_line():
             parse_grid(cfg)
         return str(err.value)
 
-    assert "not under one of the run's updaters" in check("tune.grid=['scaffold.lr=0.1,0.2']")
+    assert "not under one of the run's updaters" in check("tune.grid=['fedavgg.lr=0.1,0.2']")
+    assert "variants" in check("tune.grid=['fedavg.lr=0.1']", "variants=['rounds=3']")
     assert "KEY=V1,V2" in check("tune.grid=['fedavg.lr']")
     assert "also the comparison's seeds" in check("tune.grid=['fedavg.lr=0.1']", "tune.seeds=[0]")
     assert "'max' or 'min'" in check("tune.grid=['fedavg.lr=0.1']", "tune.mode=up")
@@ -132,3 +133,60 @@ def test_help_documents_the_tune_node(capsys):
     main("comfedl_dro", DEFAULTS, ["--help-all"])
     out = capsys.readouterr().out
     assert "tune.grid" in out and "tune.metric" in out
+
+
+NEW_PRESETS = [
+    ("comfedl_dro_mnist_journal", "comfedl_dro"),
+    ("comfedl_dro_mnist_journal_stable", "comfedl_dro"),
+    ("comfedl_dro_mnist_journal_gamma", "comfedl_dro"),
+    ("comfedl_dro_mnist_journal_tau", "comfedl_dro"),
+    ("ds_feddro_digits_fig1", "ds_feddro"),
+    ("ds_feddro_digits_fig3", "ds_feddro"),
+    ("fcsg_auprc_mnist_scripts", "fcsg_auprc"),
+    ("fcsg_auprc_fashion_mnist_scripts", "fcsg_auprc"),
+    ("fcsg_invariant_seeds", "fcsg_invariant"),
+    ("fcsg_maml_digits_seeds", "fcsg_maml"),
+]
+
+
+@pytest.mark.parametrize(("preset", "recipe"), NEW_PRESETS)
+def test_the_papers_presets_load_with_the_settings_they_claim(preset, recipe):
+    import importlib
+
+    from lit_fedco.config.load import load_config
+    from lit_fedco.experiment.tuning import points
+
+    cfg = load_config(
+        [f"preset={preset}"], importlib.import_module(f"lit_fedco.recipes.{recipe}").DEFAULTS
+    )
+    assert len(cfg.seeds) == 3
+    if preset.startswith("comfedl_dro_mnist_journal"):
+        assert cfg.client_dro.gamma == (0.5 if preset.endswith("gamma") else 0.2)
+        assert cfg.client_dro.form == ("stable" if preset.endswith("stable") else "literal")
+    if preset in ("comfedl_dro_mnist_journal", "comfedl_dro_mnist_journal_stable"):
+        # §5.3's grids: 7 step sizes for each method, × 3 DRFL weight steps, × 5 values of q
+        assert len(points(cfg)) == 7 + 7 * 3 + 7 * 5 + 7
+    if preset.endswith("gamma"):
+        assert [v.split("=")[1] for v in cfg.variants] == ["0.1", "0.2", "2", "5"]
+    if preset == "ds_feddro_digits_fig1":
+        assert (
+            cfg.data.partition == "iid" and cfg.feddro.local_steps == cfg.ds_feddro.local_steps == 1
+        )
+        assert len(points(cfg)) == 6 * 4
+    if preset.startswith("fcsg_auprc"):
+        assert (cfg.auprc.margin, cfg.rounds, cfg.local_steps) == (0.1, 300, 1)
+        assert cfg.auprc.positives == (5 if "fashion" in preset else 3)
+        assert cfg.fcsg_m.beta == cfg.acc_fcsg_m.beta == 0.1
+
+
+def test_the_feddro_fig1_proxy_runs_its_tuning_and_comparison_for_one_round(tmp_path):
+    from lit_fedco.recipes.ds_feddro import COLUMNS
+    from lit_fedco.recipes.ds_feddro import DEFAULTS as DS
+
+    argv = ["preset=ds_feddro_digits_fig1", "updaters=[feddro,mbsgd]", "seeds=[0,1]", "rounds=1",
+            "progress=false", "tracking=[csv]", f"out_dir={tmp_path}", "run_name=f"]  # fmt: skip
+    rows = main("ds_feddro", DS, argv, columns=COLUMNS)
+    assert [label.split(" (")[0] for label, _ in rows] == ["feddro", "mbsgd"]
+    record = json.loads((tmp_path / "ds_feddro" / "f-tune" / "tune.json").read_text())
+    assert set(record["updaters"]) == {"feddro", "mbsgd"}  # the others' grids are left out
+    assert len(record["updaters"]["feddro"]["grid"]) == 4

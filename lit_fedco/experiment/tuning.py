@@ -35,6 +35,7 @@ from typing import Any
 import yaml
 from omegaconf import DictConfig
 
+from lit_fedco.config import catalog
 from lit_fedco.core.errors import ConfigError
 
 RUN_DIR_ENV = "LIT_FEDCO_RUN_DIR"
@@ -94,7 +95,14 @@ def parse_grid(cfg: DictConfig) -> dict[str, list[tuple[str, list[Any]]]]:
             "(e.g. tune.seeds=[100]), so that the comparison runs on fresh ones",
             key="tune.seeds",
         )
+    if list(cfg.variants):
+        raise ConfigError(
+            "tune.grid: the tuning runs its grid as the variants of a run of its own, and this "
+            "run has variants too; run each variant as a run of its own (variants=[] KEY=VALUE)",
+            key="tune.grid",
+        )
     updaters = [str(u) for u in cfg.updaters]
+    known = catalog.names("updater")
     grid: dict[str, list[tuple[str, list[Any]]]] = {}
     seen: set[str] = set()
     for entry in tune.grid:
@@ -108,6 +116,8 @@ def parse_grid(cfg: DictConfig) -> dict[str, list[tuple[str, list[Any]]]]:
                 "KEY=V1,V2,... with KEY under an updater",
                 "fedavg.lr=0.01,0.1",
             )
+        if name in known and name not in updaters:
+            continue  # a preset's grid for an updater this run leaves out (updater=NAME)
         if name not in updaters:
             raise ConfigError(
                 f"tune.grid: {key} is not under one of the run's updaters {updaters}; name a key "
@@ -297,6 +307,8 @@ def run_tuned(
         more = import_plugins(parse([*without(argv, items), *items], defaults))
         return more, load(more)
 
+    if not points(cfg):  # every grid key is of an updater this run leaves out
+        return launch(recipe, cmd, cfg, columns, callbacks, evaluated_on)
     try:
         n_tune = count(cfg)
         name, tune_name = run_names(cfg)
