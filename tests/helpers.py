@@ -8,75 +8,17 @@ import socket
 import subprocess
 import sys
 from pathlib import Path
-from types import SimpleNamespace
 
 import numpy as np
-import torch
-from lightning.fabric import Fabric
 
-from lit_fedco.core.models import build_model
-from lit_fedco.data import FederatedData, make_federated
-from lit_fedco.engine.executors import make_executor
-from lit_fedco.engine.loop import FederatedLoop, LoopConfig
-from lit_fedco.problems import Classification, get_problem
-from lit_fedco.updaters import get_updater
+from lit_fedco.engine.loop import FederatedLoop
+
+# the tiny digits run every test builds on is the plug-in contract's (lit_fedco.testing)
+from lit_fedco.testing import digits_data as digits_data
+from lit_fedco.testing import digits_loop as make_loop
+from lit_fedco.testing import make_updater as make_updater
 
 REPO = Path(__file__).resolve().parent.parent
-
-
-def digits_data(num_clients: int = 6, seed: int = 0, **kw) -> FederatedData:
-    """Real digits, quantity- and label-imbalanced, small."""
-    cfg = dict(
-        name="digits",
-        data_dir="",
-        partition="quantity",
-        num_clients=num_clients,
-        big=200,
-        small=20,
-        small_classes=2,
-        alpha=0.5,
-        rho=0.28,
-        val_per_client=30,
-        seed=seed,
-    )
-    cfg.update(kw)
-    return make_federated(SimpleNamespace(**cfg))
-
-
-def make_updater(name: str, hparams: dict | None, net, data, problem: dict | None = None):
-    """Updater ``name`` on its default problem (``problem``: that problem's parameters, e.g.
-    ``{"gamma": 0.2}`` for ComFedL's ``client_dro``), as the runner builds it; and the problem."""
-    cls = get_updater(name)
-    prob_cls = get_problem(cls.default_problem) if cls.default_problem else Classification
-    prob = prob_cls(prob_cls.params_cls(**(problem or {})), data)
-    updater = cls(
-        cls.hparams_cls(**(hparams or {})), net, prob.objective_for(cls.compositions, net)
-    )
-    return updater, prob
-
-
-def make_loop(
-    name: str = "comfedl",
-    hparams: dict | None = None,
-    executor: str = "vectorized",
-    dtype: torch.dtype = torch.float64,
-    fabric: Fabric | None = None,
-    data: FederatedData | None = None,
-    model: str = "logreg",
-    problem: dict | None = None,
-    **loop_kw,
-) -> FederatedLoop:
-    """A FederatedLoop on small digits data with a fresh 1-process CPU Fabric; the updater on
-    its default problem with parameters ``problem``."""
-    fabric = fabric or Fabric(accelerator="cpu", devices=1)
-    data = data or digits_data()
-    net = build_model(model, tuple(data.x_train.shape[1:]), data.num_classes, seed=0, hidden=16)
-    updater, prob = make_updater(name, hparams, net, data, problem)
-    cfg = dict(rounds=3, local_steps=3, cohort=4, batch_size=8, eval_every=1, progress=False)
-    cfg.update(loop_kw)
-    return FederatedLoop(
-        fabric, updater, data, LoopConfig(**cfg), make_executor(executor), dtype, prob
-    )
 
 
 def flat_server(loop: FederatedLoop) -> np.ndarray:

@@ -218,6 +218,8 @@ LAYERS = {
     "benchmarks": 9,
     "examples": 9,
     "worker": 9,  # a jobs=N worker process: runs recipes through the entry point
+    "testing": 9,  # the plug-in contract's checks (check_updater)
+    "console": 10,  # the lit-fedco command: recipes, figures, benchmarks
 }
 """Each subpackage of lit_fedco (a top-level module counts as one) and its layer: a module may
 import its own subpackage and the layers below it, never a layer above or beside it (the

@@ -1,5 +1,6 @@
 """One harness over the whole registry: every registered updater, from a table of tiny
-configurations (``TINY``), through the same checks.
+configurations (``TINY``), through the plug-in contract's checks, the same functions a user's
+updater runs through ``lit_fedco.testing.check_updater``:
 
 - A state-dict round trip continues bit for bit: 2 rounds, save, load into a fresh loop, 2 more
   rounds equal 4 rounds straight (server state and client-held state, exactly).
@@ -7,30 +8,38 @@ configurations (``TINY``), through the same checks.
   rel 1e-9.
 - Counted traffic = the declared payload: every round's logged floats per client, up and
   down, equal what the updater's declarations and its state say it sends (exactly).
+- Failures: with dropped and stopped clients, states stay finite and the executors agree.
 - 1 process = 2 processes (slow): every entry in one subprocess on 1 CPU process and in one on
   2 gloo processes (``tests/registry_two_process.py``); states to 1e-12."""
 
 from __future__ import annotations
 
 import functools
-import io
 from collections.abc import Callable
 from types import SimpleNamespace
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 import numpy as np
 import pytest
 import torch
 from lightning.fabric import Fabric
 
-import lit_fedco.engine.loop
 from lit_fedco.core.models import build_model
 from lit_fedco.core.protocol import Sync
-from lit_fedco.core.state import flatten, tree_clone, tree_leaves
+from lit_fedco.core.state import tree_clone
 from lit_fedco.data import make_federated
 from lit_fedco.engine.executors import make_executor
 from lit_fedco.engine.loop import FederatedLoop, LoopConfig
 from lit_fedco.problems import AUPRCParams, AUPRCProblem
+from lit_fedco.testing import (
+    RoundRecorder,
+    check_executors,
+    check_failures,
+    check_resume,
+    check_traffic,
+    recorded_run,
+    snapshot,
+)
 from lit_fedco.updaters import CompositionalUpdater, available_updaters, get_updater
 from tests.helpers import make_loop, run_module
 from tests.test_fcsg import invariant_loop
@@ -111,107 +120,16 @@ def test_every_registered_updater_is_in_the_table():
     assert sorted(TINY) == available_updaters()
 
 
-def _snapshot(loop: FederatedLoop) -> np.ndarray:
-    return np.concatenate(
-        [flatten(loop.server)[0].double().numpy(), flatten(loop.store.rows)[0].double().numpy()]
-    )
+_snapshot = snapshot
 
 
 @pytest.mark.parametrize("name", sorted(TINY))
 def test_state_dict_round_trip_continues_bit_for_bit(name):
     build, hp = TINY[name]
-    straight = build(name, hp, rounds=4)
-    straight.run()
-    first = build(name, hp, rounds=2)
-    first.run()
-    buf = io.BytesIO()
-    torch.save(first.state_dict(), buf)
-    buf.seek(0)
-    resumed = build(name, hp, rounds=4)
-    resumed.load_state_dict(torch.load(buf, weights_only=False))
-    resumed.run()
-    assert not np.array_equal(_snapshot(first), _snapshot(straight))  # the runs moved on
-    np.testing.assert_array_equal(_snapshot(resumed), _snapshot(straight))
-    assert resumed.comm_total == straight.comm_total
+    check_resume(functools.partial(build, name, hp))
 
 
 # ---------------------------------------------------------------------- traffic
-def _floats(tree: Any, distinct: bool = False) -> int:
-    """Floats in the tensors of ``tree``; with ``distinct``, a tensor under two keys once."""
-    leaves = tree_leaves(tree)
-    if distinct:
-        leaves = list({id(t): t for t in leaves}.values())
-    return sum(t.numel() for t in leaves)
-
-
-class RoundRecorder:
-    """Records, for every round a loop runs, the server state it starts from, its
-    :class:`RoundInfo`, its :class:`RoundContext` and (sequential executor: one client at a
-    time, real tensors) the probes gathered, the state of the last client after its last local
-    step and after the end-of-round hook. Installed by wrapping the updater's methods and
-    ``lit_fedco.engine.loop.federated_round``; nothing of the round itself is re-implemented."""
-
-    def __init__(self, loop: FederatedLoop, monkeypatch: pytest.MonkeyPatch) -> None:
-        self.rounds: list[dict[str, Any]] = []
-        upd = loop.updater
-        step, context, end = upd.client_step, upd.round_context, upd.client_end
-        real_round = lit_fedco.engine.loop.federated_round
-
-        def client_step(state, batches, ctx, t):  # type: ignore[no-untyped-def]
-            new, logs = step(state, batches, ctx, t)
-            self.rounds[-1]["state"] = self.rounds[-1]["end"] = new
-            return new, logs
-
-        def client_end(state, start, ctx, steps):  # type: ignore[no-untyped-def]
-            out = end(state, start, ctx, steps)
-            self.rounds[-1]["end"] = out
-            return out
-
-        def round_context(server, info, probe):  # type: ignore[no-untyped-def]
-            def recording(fn):  # type: ignore[no-untyped-def]
-                rows = probe(fn)
-                self.rounds[-1]["probes"].append(rows)
-                return rows
-
-            return context(server, info, recording)
-
-        def federated_round(updater, server, info, *args):  # type: ignore[no-untyped-def]
-            self.rounds.append({"server": server, "info": info, "probes": []})
-            res = real_round(updater, server, info, *args)
-            self.rounds[-1]["context"] = res.context
-            return res
-
-        monkeypatch.setattr(upd, "client_step", client_step)
-        monkeypatch.setattr(upd, "client_end", client_end)
-        monkeypatch.setattr(upd, "round_context", round_context)
-        monkeypatch.setattr(lit_fedco.engine.loop, "federated_round", federated_round)
-
-
-def declared_traffic(upd: CompositionalUpdater, rec: dict[str, Any]) -> tuple[int, int]:
-    """Floats one client sends and receives in a round, from the updater's declarations and its
-    state (the protocol of ``README.md``, "How a round runs")::
-
-        down = distinct floats of the broadcast (the server's broadcast_keys entries and
-               init_client's) except the KEEP entries
-             + floats of ctx.broadcast + one row of each ctx.per_client entry
-             + I × floats of the STEP entries (each step's cohort mean)
-        up   = one row of every probe gathered + I × floats of the STEP entries
-             + floats of the ROUND entries after client_end (the upload)
-    """
-    sync, info, ctx, server = upd.client_state, rec["info"], rec["context"], rec["server"]
-    steps = info.local_steps
-    step_floats = _floats([rec["state"][k] for k, s in sync.items() if s is Sync.STEP])
-    start = {k: server[k] for k in upd.broadcast_keys if k in server}
-    start.update(upd.init_client(server, info))
-    down = _floats([v for k, v in start.items() if sync.get(k) is not Sync.KEEP], distinct=True)
-    down += _floats(ctx.broadcast) + sum(v[0].numel() for v in ctx.per_client.values())
-    down += steps * step_floats
-    up = sum(rows[0].numel() for rows in rec["probes"])
-    upload = [v for k, v in rec["end"].items() if sync.get(k) is Sync.ROUND]
-    up += steps * step_floats + _floats(upload)
-    return up, down
-
-
 class TinyRun(NamedTuple):
     """A finished run of a table entry and, for the sequential executor, its recorded rounds."""
 
@@ -223,17 +141,14 @@ class TinyRun(NamedTuple):
 def _tiny_run(name: str, executor: str) -> TinyRun:
     """Entry ``name`` of the table run for 3 rounds (evaluated after the last) under
     ``executor``, once per session: the executor test and the traffic test share the runs. A
-    sequential run is recorded (:class:`RoundRecorder`; under vmap the recorded states would be
-    batched tensors)."""
+    sequential run is recorded (``lit_fedco.testing.record_rounds``; under vmap the recorded
+    states would be batched tensors)."""
     build, hp = TINY[name]
+    if executor == "sequential":
+        return TinyRun(*recorded_run(functools.partial(build, name, hp)))
     loop = build(name, hp, executor=executor, rounds=3, eval_every=3)
-    if executor != "sequential":
-        loop.run()
-        return TinyRun(loop, None)
-    with pytest.MonkeyPatch.context() as mp:
-        rec = RoundRecorder(loop, mp)
-        loop.run()
-    return TinyRun(loop, rec)
+    loop.run()
+    return TinyRun(loop, None)
 
 
 # ---------------------------------------------------------------------- executors
@@ -252,12 +167,14 @@ def test_vectorized_equals_sequential(name):
     maxima of such numbers and are compared relatively (rel 1e-9), accuracies as well.
     """
     vec, seq = _tiny_run(name, "vectorized").loop, _tiny_run(name, "sequential").loop
-    vlogs, slogs = vec.history[-1], seq.history[-1]
-    assert any(k.startswith("val/") for k in vlogs)  # the last round was evaluated
-    np.testing.assert_allclose(_snapshot(vec), _snapshot(seq), rtol=1e-10, atol=1e-10)
-    assert sorted(vlogs) == sorted(slogs)
-    for key, v in vlogs.items():
-        assert v == pytest.approx(slogs[key], rel=1e-9, abs=1e-12), key
+    assert any(k.startswith("val/") for k in vec.history[-1])  # the last round was evaluated
+    check_executors(vec, seq)
+
+
+@pytest.mark.parametrize("name", sorted(TINY))
+def test_dropped_and_stopped_clients_keep_every_state_finite_and_the_executors_equal(name):
+    build, hp = TINY[name]
+    check_failures(functools.partial(build, name, hp))
 
 
 # What the table must exercise: each way a declaration or a hook changes the traffic.
@@ -278,12 +195,7 @@ def test_counted_traffic_is_the_declared_payload(name):
     assert rec is not None
     upd = loop.updater
     assert len(rec.rounds) == len(loop.history) == 3
-    for r, (seen, logs) in enumerate(zip(rec.rounds, loop.history, strict=True)):
-        up, down = declared_traffic(upd, seen)
-        assert (logs["comm/up_floats_per_client"], logs["comm/down_floats_per_client"]) == (
-            up,
-            down,
-        ), (name, r)
+    check_traffic(loop, rec)
     # the features this entry is listed under are really there
     ctx, state = rec.rounds[-1]["context"], rec.rounds[-1]["state"]
     has = {
