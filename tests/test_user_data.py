@@ -475,11 +475,11 @@ def test_help_lists_the_partitions_readers_and_a_data_functions_keys(user_module
 
 
 # ------------------------------------------------------------------------ a recipe, end to end
-def recipe(tmp_path: Path, *argv: str) -> subprocess.CompletedProcess:
+def recipe(tmp_path: Path, *argv: str, run_name: str = "r") -> subprocess.CompletedProcess:
     env = {**os.environ, "WANDB_MODE": "disabled", "PYTHONPATH": str(REPO)}
     cmd = [sys.executable, "-m", "lit_fedco.recipes.comfedl_dro", *argv, "rounds=2", "seeds=[0]",
            "progress=false", "tracking=[csv]", "updaters=[fedavg,comfedl]", "eval_every=1",
-           f"out_dir={tmp_path / 'runs'}", "run_name=r"]  # fmt: skip
+           f"out_dir={tmp_path / 'runs'}", f"run_name={run_name}"]  # fmt: skip
     return subprocess.run(cmd, capture_output=True, text=True, cwd=tmp_path, env=env, timeout=300)
 
 
@@ -507,3 +507,20 @@ def test_data_function_runs_a_recipe_and_records_its_params(tmp_path):
     assert "75 training" in proc.stdout
     config = yaml.safe_load((tmp_path / "runs" / "comfedl_dro" / "r" / "config.yaml").read_text())
     assert config["data"]["name"] == "my_lab_data:blobs" and config["data"]["per_class"] == 25
+
+
+@pytest.mark.slow
+def test_a_text_file_runs_a_recipe_with_an_lstm_and_a_saved_dataset_runs_one_too(tmp_path):
+    (tmp_path / "play.txt").write_text(PLAY * 3)  # three of each speaker's passages
+    proc = recipe(tmp_path, "data.name=text", "data.data_dir=play.txt", "data.seq_len=10",
+                  "data.seq_stride=2", "data.partition=natural", "data.num_clients=3",
+                  "data.val_mode=own", "model.name=char_lstm", "model.hidden=16", "cohort=3")  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert re.search(r"text: 3 clients, \d+ classes", proc.stdout), proc.stdout
+    pytest.importorskip("datasets")
+    write_hf(tmp_path / "hf")
+    proc = recipe(tmp_path, "data.name=hf_disk", "data.data_dir=hf", "data.feature_column=img",
+                  "data.group_column=user", "data.partition=natural", "data.num_clients=4",
+                  "data.val_mode=own", "cohort=2", run_name="hf")  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert "hf_disk: 4 clients, 3 classes, 48 training and 16 validation samples" in proc.stdout
