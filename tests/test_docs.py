@@ -79,9 +79,11 @@ def _recipe_argv(command: str) -> tuple[str, list[str]] | None:
 
 
 @pytest.mark.parametrize("command", command_lines())
-def test_every_recipe_command_line_parses(command):
+def test_every_recipe_command_line_parses(command, monkeypatch):
     """A recipe's command line is loaded by the recipe's own config parser (nothing runs); a
-    module of one's own (``my_fedprox``) is the tutorial's, checked by the tests below."""
+    module of one's own (``my_fedprox``) is the tutorial's, checked by the tests below; the
+    example model (``bn_cnn``) is found in ``docs/examples``, as the how-to runs it."""
+    monkeypatch.syspath_prepend(str(REPO / "docs" / "examples"))
     parsed = _recipe_argv(command)
     if parsed is None or not parsed[0].startswith("lit_fedco.recipes."):
         pytest.skip("not a recipe's command line")

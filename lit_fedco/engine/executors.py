@@ -150,6 +150,9 @@ AUTO = "auto"
 """The config value that lets :func:`choose_executor` pick the executor."""
 SEQUENTIAL_ON_CPU = frozenset({"resnet20"})
 """:func:`lit_fedco.core.models.build_model` names that ``auto`` runs sequentially on the CPU."""
+UNVMAPPABLE = frozenset({"char_lstm"})
+"""Built-in models that cannot run under ``vmap`` (an LSTM has no batching rule): ``auto`` runs
+them sequentially on any device."""
 
 
 def choose_executor(
@@ -172,7 +175,8 @@ def choose_executor(
       MNIST; the recipes' other updaters step out of place); on the embedded digits 2–4×
       faster than sequential for the ``cnn`` and ``conv4`` recipes (``fcsg_auprc``,
       ``fcsg_maml``).
-    - ``sequential`` wherever an updater of the run cannot run under ``vmap`` on the model
+    - ``sequential`` for a model that cannot run under ``vmap`` at all (:data:`UNVMAPPABLE`),
+      and wherever an updater of the run cannot run under ``vmap`` on the model
       (its ``unvmappable_models``: ComFedL-(DA)MAML and FedMAML on ``conv4``), on any device.
 
     Args:
@@ -183,7 +187,7 @@ def choose_executor(
     """
     if name != AUTO:
         return name
-    if any(model in u.unvmappable_models for u in updaters):
+    if model in UNVMAPPABLE or any(model in u.unvmappable_models for u in updaters):
         return "sequential"
     on_cpu = accelerator == "cpu" or (accelerator == "auto" and not torch.cuda.is_available())
     return "sequential" if on_cpu and model in SEQUENTIAL_ON_CPU else "vectorized"
