@@ -371,6 +371,19 @@ class Clash:
 
 def clashing(params: Clash):
     return blobs(Blobs(), 0)
+
+
+@dataclass(frozen=True)
+class Odd:
+    """Attributes:
+    names: a tuple, which no config key holds.
+    """
+
+    names: tuple = ("a",)
+
+
+def odd(params: Odd):
+    return blobs(Blobs(), 0)
 '''
 
 
@@ -428,6 +441,7 @@ BAD_FUNCTIONS = [
     ("raises", r"data\.name: calling 'my_lab_data:raises' failed \(RuntimeError: no network here at .*my_lab_data\.py:\d+\)"),
     ("needs", r"data\.name: 'my_lab_data:needs' requires the argument 'path', expected only arguments among \('params', 'data_dir', 'seed'\)"),
     ("clashing", r"data\.name: 'my_lab_data:clashing' has a parameter 'alpha', which is a data key of lit_fedco's own"),
+    ("odd", r"data\.name: the parameter 'names' of 'my_lab_data:odd' has the type tuple, expected one a config key can hold"),
     ("nope", r"data\.name: module 'my_lab_data' has no function 'nope' \(its functions: .*as_dict.*\); name one"),
 ]  # fmt: skip
 

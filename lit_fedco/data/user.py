@@ -45,6 +45,8 @@ from lit_fedco.core.errors import ConfigError
 
 ARGUMENTS = ("params", "data_dir", "seed")
 """The keyword arguments a data function may declare."""
+KEY_TYPES: tuple[Any, ...] = (int, float, str, bool, list[int], list[float], list[str])
+"""The types a parameter (a config key) may have."""
 
 
 @dataclass
@@ -165,7 +167,15 @@ def params_class(fn: Callable[..., Any], ref: str, taken: Collection[str] = ()) 
             "(@dataclass(frozen=True) class Params: ...)",
             key="data.name",
         )
+    hints = typing.get_type_hints(cls)
     for f in dataclasses.fields(cls):
+        if hints.get(f.name) not in KEY_TYPES:
+            raise ConfigError(
+                f"data.name: the parameter {f.name!r} of {ref!r} has the type "
+                f"{getattr(hints.get(f.name), '__name__', hints.get(f.name))}, expected one a "
+                "config key can hold: int, float, str, bool, list[int], list[float] or list[str]",
+                key="data.name",
+            )
         if f.name in taken or f.name == "seed":
             raise ConfigError(
                 f"data.name: {ref!r} has a parameter {f.name!r}, which is a data key of "
