@@ -538,3 +538,19 @@ def test_a_text_file_runs_a_recipe_with_an_lstm_and_a_saved_dataset_runs_one_too
                   "data.val_mode=own", "cohort=2", run_name="hf")  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     assert "hf_disk: 4 clients, 3 classes, 48 training and 16 validation samples" in proc.stdout
+
+
+def test_a_nodes_parameters_of_a_type_no_key_holds_are_refused_before_they_are_added():
+    import dataclasses
+
+    from lit_fedco.config import catalog
+
+    @dataclasses.dataclass(frozen=True)
+    class Params:
+        widths: tuple = (8,)
+
+    before = dict(catalog.NODE_PARAMS)
+    with pytest.raises(ConfigError, match=r"^model\.name: the parameter 'widths' of .*Params has "
+                       r"the type tuple, expected one a config key can hold: int, float"):  # fmt: skip
+        catalog.extend_node("model", Params)
+    assert before == catalog.NODE_PARAMS

@@ -72,7 +72,25 @@ function. Filled by :func:`extend_node` when the command line names one."""
 
 def extend_node(node: str, cls: type) -> None:
     """Add dataclass ``cls``'s fields to the keys of run node ``node`` (``model``, ``data``)
-    for this process: the typed schema then accepts them and ``--help`` lists them."""
+    for this process: the typed schema then accepts them and ``--help`` lists them.
+
+    Raises:
+        ConfigError: (key ``<node>.name``) a field of a type no config key holds (:data:`TYPES`).
+    """
+    import typing
+
+    from lit_fedco.core.errors import ConfigError
+
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        tp = hints.get(f.name)
+        if tp not in TYPES.values():
+            raise ConfigError(
+                f"{node}.name: the parameter {f.name!r} of {cls.__qualname__} has the type "
+                f"{getattr(tp, '__name__', tp)}, expected one a config key can hold: "
+                f"{', '.join(TYPES)}; change the field's type",
+                key=f"{node}.name",
+            )
     NODE_PARAMS[node] = cls
 
 
