@@ -110,6 +110,31 @@ def test_every_other_command_line_parses():
         assert proc.stdout.strip(), command  # its help
 
 
+def console_lines() -> list[str]:
+    """Every ``lit-fedco ...`` command of the docs and README (inline code and shell blocks)."""
+    found: list[str] = []
+    for path in TEXTS:
+        for block in _blocks(path, "bash"):
+            found += re.findall(r"^lit-fedco\b.*$", block, flags=re.M)
+        found += re.findall(r"`(lit-fedco\b[^`]*)`", path.read_text())
+    return sorted({" ".join(c.split()) for c in found})
+
+
+def test_every_lit_fedco_command_line_parses():
+    from lit_fedco.console import parser
+
+    checked = 0
+    for command in console_lines():
+        if command == "lit-fedco" or any(c in command for c in ("[", "...", "|")):
+            continue  # the command's name, or a pattern
+        try:
+            parser().parse_args(shlex.split(command)[1:])
+        except SystemExit as stop:  # --help
+            assert stop.code == 0, command
+        checked += 1
+    assert checked >= 3
+
+
 def test_the_api_reference_lists_every_exported_name():
     text = (DOCS / "reference" / "api.md").read_text()
     documented = set(re.findall(r"^\.\. (?:auto\w+|py:\w+):: lit_fedco\.(\w+)$", text, re.M))
