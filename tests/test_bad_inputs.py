@@ -27,6 +27,7 @@ import pytest
 import torch
 
 from lit_fedco.cli import run as main
+from lit_fedco.config import catalog
 from tests.helpers import REPO, override
 
 BASE = ["progress=false", "rounds=2", "eval_every=1"]  # a case that passed would run briefly
@@ -306,6 +307,8 @@ def clean_env(monkeypatch, tmp_path):
     """No W&B, proxy or MASTER_PORT settings from outside; decompressed IDX files in tmp_path."""
     monkeypatch.setenv("WANDB_MODE", "disabled")
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    # a data function's parameters become data.* keys for the process: for this test only
+    monkeypatch.setattr(catalog, "NODE_PARAMS", dict(catalog.NODE_PARAMS))
     for key in ("WANDB_API_KEY", "WANDB_BASE_URL", "MASTER_PORT", "NODE_RANK", "MASTER_ADDR"):
         monkeypatch.delenv(key, raising=False)
     for key in ("http_proxy", "https_proxy", "all_proxy"):

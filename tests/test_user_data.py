@@ -31,6 +31,14 @@ from lit_fedco.recipes.comfedl_dro import DEFAULTS
 from tests.helpers import REPO
 
 
+@pytest.fixture(autouse=True)
+def own_keys(monkeypatch):
+    """A data function's parameters become ``data.*`` keys for the process: for one test only."""
+    from lit_fedco.config import catalog
+
+    monkeypatch.setattr(catalog, "NODE_PARAMS", dict(catalog.NODE_PARAMS))
+
+
 def build(*argv: str, seed: int = 0):
     """The data set a comfedl_dro command line builds."""
     return build_data(load_config(list(argv), DEFAULTS), seed)
