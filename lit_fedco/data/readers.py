@@ -36,7 +36,9 @@ knows about clients.
 
 from __future__ import annotations
 
+import contextlib
 import re
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -151,14 +153,33 @@ def read_npz(data_dir: str) -> Pools:
 
 
 # ---------------------------------------------------------------------- images
-def _images(images: list[Any], image_size: int, where: str) -> Tensor:
-    """PIL images as float32 [N, C, H, W] in [0, 1] (grey where every image is, else RGB)."""
+def _open(item: Any) -> Any:
+    """A context manager holding the PIL image ``item`` is (kept open by its owner) or names
+    (a path: opened now, closed on exit)."""
+    from PIL import Image, UnidentifiedImageError
+
+    if not isinstance(item, str | Path):
+        return contextlib.nullcontext(item)
+    try:
+        return Image.open(item)
+    except (UnidentifiedImageError, OSError) as err:
+        raise ConfigError(f"data.data_dir: {item} could not be read as an image ({err})",
+                          key="data.data_dir") from None  # fmt: skip
+
+
+def _images(images: Sequence[Any], image_size: int, where: str) -> Tensor:
+    """Images (PIL images, or paths opened one at a time, so that no more than one file is
+    open) as float32 [N, C, H, W] in [0, 1]: grey where every image is, else RGB."""
     from PIL import Image
 
     if not images:
         return torch.zeros(0, 1, max(image_size, 1), max(image_size, 1))
-    grey = all(im.mode in GREY_MODES for im in images)
-    sizes = {im.size for im in images}
+    modes, sizes = set(), set()
+    for item in images:  # headers only: the pixels are decoded below
+        with _open(item) as im:
+            modes.add(im.mode)
+            sizes.add(im.size)
+    grey = modes <= GREY_MODES
     if image_size == 0 and len(sizes) > 1:
         a, b = sorted(sizes)[:2]
         raise ConfigError(
@@ -166,15 +187,16 @@ def _images(images: list[Any], image_size: int, where: str) -> Tensor:
             f"{a} and {b} (width, height) among others; set e.g. data.image_size={max(a[1], b[1])}",
             key="data.image_size",
         )
+    w, h = (image_size, image_size) if image_size else next(iter(sizes))
     mode = "L" if grey else "RGB"
-    out = []
-    for im in images:
-        im = im.convert(mode)
-        if image_size and im.size != (image_size, image_size):
-            im = im.resize((image_size, image_size), Image.Resampling.BILINEAR)
-        out.append(np.asarray(im, dtype=np.uint8))
-    stacked = np.stack(out)
-    stacked = stacked[:, None] if grey else stacked.transpose(0, 3, 1, 2)
+    out = np.empty((len(images), h, w) + (() if grey else (3,)), dtype=np.uint8)
+    for i, item in enumerate(images):
+        with _open(item) as im:
+            im = im.convert(mode)
+            if im.size != (w, h):
+                im = im.resize((w, h), Image.Resampling.BILINEAR)
+            out[i] = np.asarray(im, dtype=np.uint8)
+    stacked = out[:, None] if grey else out.transpose(0, 3, 1, 2)
     return torch.from_numpy(np.ascontiguousarray(stacked)).to(torch.float32) / 255.0
 
 
@@ -189,7 +211,6 @@ def _group_of(paths: list[Path]) -> np.ndarray | None:
 def _image_split(
     folder: Path, class_to_idx: dict[str, int] | None, image_size: int
 ) -> tuple[Tensor, Tensor, np.ndarray | None, dict[str, int]]:
-    from PIL import Image, UnidentifiedImageError
     from torchvision.datasets.folder import IMG_EXTENSIONS, find_classes, make_dataset
 
     try:
@@ -220,16 +241,7 @@ def _image_split(
             "its class folders; expected <class>/<image> files",
             key="data.data_dir",
         )
-    images = []
-    for path, _ in samples:
-        try:
-            images.append(Image.open(path))
-        except (UnidentifiedImageError, OSError) as err:
-            raise ConfigError(f"data.data_dir: {path} could not be read as an image ({err})",
-                              key="data.data_dir") from None  # fmt: skip
-    x = _images(images, image_size, str(folder))
-    for im in images:
-        im.close()
+    x = _images([Path(p) for p, _ in samples], image_size, str(folder))
     y = torch.tensor([c for _, c in samples], dtype=torch.int64)
     return x, y, _group_of([Path(p) for p, _ in samples]), (class_to_idx or found)
 
