@@ -51,7 +51,7 @@ from lit_fedco.data.pools import Pools, as_groups, as_inputs, as_labels, check, 
 
 GREY_MODES = frozenset({"1", "L", "LA", "I", "I;16", "F", "P;L"})
 """Pillow modes read as one channel."""
-SPEAKER = re.compile(r"^([A-Za-z][A-Za-z0-9 .'\-_]{0,39}):(?:[ \t]+(.*))?$")
+SPEAKER = re.compile(r"^([^\W\d_][\w .'\-]{0,39}):(?:[ \t]+(.*))?$")
 """A line that starts a speaker's passage in a ``text`` file: ``NAME: words``."""
 
 
@@ -401,12 +401,17 @@ def read_text(data_dir: str, seq_len: int, stride: int = 1) -> Pools:
             key="data.data_dir",
         )
     vocab = sorted(set(chars))
-    table = {c: i for i, c in enumerate(vocab)}
+    codes = np.array([ord(c) for c in vocab], dtype=np.uint32)  # sorted: str order is ord order
+
+    def ids(text: str) -> np.ndarray:
+        points = np.frombuffer(text.encode("utf-32-le"), dtype=np.uint32)
+        return np.searchsorted(codes, points).astype(np.int64)
+
     rows: dict[str, list[tuple[np.ndarray, np.ndarray, np.ndarray]]] = {"train": [], "test": []}
     dropped = 0
     for name, (a, b) in parts.items():
-        w_tr = _windows(np.array([table[c] for c in a], dtype=np.int64), seq_len, stride)
-        w_te = _windows(np.array([table[c] for c in b], dtype=np.int64), seq_len, stride)
+        w_tr = _windows(ids(a), seq_len, stride)
+        w_te = _windows(ids(b), seq_len, stride)
         if len(w_tr[1]) == 0 or (len(w_te[1]) == 0 and path.is_file()):
             dropped += 1
             continue
