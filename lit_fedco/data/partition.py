@@ -8,7 +8,7 @@ The splits the field uses (``iid``, ``dirichlet``, ``shards``, ``size_skew``, ``
 are written here by hand rather than taken from Flower Datasets' partitioners
 (``flwr-datasets``), although those are the field's reference: they partition a Hugging Face
 ``datasets.Dataset`` and need ``datasets`` (which imports ``pyarrow`` and ``pandas``, about
-250 MB installed and 1.3-1.5 s to import on this project's CI machine) plus ``matplotlib``,
+250 MB installed and 1.3-1.5 s to import, measured on a 2-core machine) plus ``matplotlib``,
 ``seaborn`` and ``rich``, and they draw from a seed of their own rather than the run's named
 ``numpy`` generator, which would change every existing split. Each of ours is a few lines of
 ``numpy`` over the label (or group) array, seeded by the run's partition generator, and works
