@@ -2,7 +2,7 @@
 
 Four small types, no behaviour:
 
-- :class:`Sync` — how a client-state entry travels (README, "How a round runs").
+- :class:`Sync` — how a client-state entry travels (docs/explanation/round.md).
 - :class:`RoundInfo` — what every party knows about the round: before it starts, and (the
   participants) by the time the server updates.
 - :class:`StepInfo` — where a local step is in its round (what ``client_step`` receives).

@@ -1,6 +1,6 @@
-"""Problems: everything about a task that depends on its data (the README's "Writing a new
-updater": an objective holds the mathematics, a problem says which objective each composition
-gets).
+"""Problems: everything about a task that depends on its data (the documentation's hooks
+reference: an objective holds the mathematics, a problem says which objective each
+composition gets).
 
 An :class:`~lit_fedco.objectives.Objective` is the mathematics an updater differentiates. A
 :class:`Problem` is the task around it, chosen by the config key ``objective`` (or an updater's

@@ -8,7 +8,7 @@ paper's dominant-class split (client i holds a fraction ρ = 0.28 of its images 
 adaptation: one step of size α on a fixed support batch of the client's training rows (the
 MAML methods and FedAvg, "trained with one step at test time"), or Ditto's personal model.
 ``preset=comfedl_maml_cifar10`` runs the paper's CIFAR-10 setting from a local ``data.data_dir``.
-The default runs 1 seed (about 4 min on 2 shared CPU cores); the README's table is
+The default runs 1 seed (about 4 min on 2 shared CPU cores); the documentation's table is
 ``seeds=[0,1,2]`` (about 13 min there).
 
     python -m lit_fedco.recipes.comfedl_maml

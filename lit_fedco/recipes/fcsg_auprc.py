@@ -50,7 +50,7 @@ DEFAULTS: dict[str, Any] = {
     "acc_fcsg_m": {"lr": 0.3, "beta": 0.5},
     # every method starts from FedAvg's cross-entropy model after 20 rounds (the paper's
     # protocol, at FedAvg's step size); measured over seeds 0-2 it raises every method's test AP
-    # (FCSG 0.986 -> 0.991) for about 8 s per seed: README, "Federated online AUPRC"
+    # (FCSG 0.986 -> 0.991) for about 8 s per seed: docs/results/papers.md, "Federated online AUPRC"
     "pretrain": {"rounds": 20, "updater": "fedavg", "lr": 0.3},
 }
 

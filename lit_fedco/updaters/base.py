@@ -300,7 +300,11 @@ class CompositionalUpdater(Generic[H]):
             start: what the client received at the round's start (the broadcast entries).
             ctx: what the round context broadcasts.
             steps: the local steps this client completed, a 0-d tensor of the model's dtype:
-                I, or fewer for a client that stopped early (``failures.partial``).
+                I, or fewer for a client that stopped early (``failures.partial``), or 0 for a
+                client that dropped out (``failures.drop``): the hook runs for every cohort
+                client, and what it returns for a dropped one is discarded (neither uploaded
+                nor kept), so a division by ``steps`` is harmless there; ``steps > 0`` is the
+                participant mask.
         """
         return state
 
