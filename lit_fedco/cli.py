@@ -19,6 +19,7 @@ from lit_fedco.config.helptext import render
 from lit_fedco.config.load import load
 from lit_fedco.config.parser import parse
 from lit_fedco.config.plugins import import_plugins
+from lit_fedco.config.values import check_values
 from lit_fedco.core.errors import ConfigError
 
 
@@ -57,6 +58,8 @@ def run(
     try:
         cmd = import_plugins(parse(argv, defaults))
         cfg = load(cmd)
+        if cmd.help in ("", "sub-runs"):  # what the catalog can check, before torch
+            check_values(cfg)
     except ConfigError as err:
         refuse(err)
     if cmd.help == "sub-runs" or (_tunes(cfg) and not cmd.help):

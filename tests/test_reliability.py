@@ -3,6 +3,8 @@
 - Every row of the table, every sub-run's ``status.json``, ``results.json`` and ``--help`` say
   which composition each updater trains; an updater that declares no ``compositions`` and so
   trains another objective than its problem's own is flagged in one line.
+- A value outside an enumeration or range the catalog knows, or an updater or seed given twice,
+  is refused in one line before torch is imported (the near miss offered as the example).
 """
 
 from __future__ import annotations
@@ -135,3 +137,73 @@ def cli_help(argv: list[str]) -> str:
     with contextlib.redirect_stdout(buf):
         cli.run("ds_feddro", DS_DEFAULTS, [*argv, "--help"])
     return buf.getvalue()
+
+
+# ------------------------------------------------------------ refusals before torch (defect 3)
+HEAVY = ("torch", "torchvision", "torchmetrics", "lightning", "lightning_fabric", "wandb")
+
+
+MODELS_RE = r"\('logreg', .*\) or MODULE:NAME"
+SOURCES_RE = r"\('digits', .*'digits_st', 'cifar10_st', 'cifar100_st', .*'adult'.*\)"
+
+
+@pytest.mark.parametrize(
+    "argv,line",
+    [
+        (["model.name=cnnn"], rf"model\.name: got 'cnnn', expected one of {MODELS_RE}; "
+         r"set e\.g\. model\.name=cnn$"),
+        (["data.partition=dirichlett"], r"data\.partition: got 'dirichlett', expected one of "
+         r"\(.*'shards'.*\); set e\.g\. data\.partition=dirichlet$"),
+        (["executor=vectorised"], r"executor: got 'vectorised', expected one of \['auto', "
+         r"'sequential', 'vectorized'\]; set e\.g\. executor=vectorized$"),
+        (["rounds=0"], r"rounds: got 0, expected an int >= 1; set e\.g\. rounds=5$"),
+        (["updaters=[fedavg,fedavg]"], r"updaters: got \['fedavg', 'fedavg'\], expected at "
+         "least one updater, each once"),
+        (["seeds=[1,1]"], r"seeds: got \[1, 1\], expected distinct seeds"),
+        (["data.name=adultt"], rf"data\.name: got 'adultt', expected one of {SOURCES_RE}, a "
+         r"reader of your own files \('npz', 'imagefolder', 'hf_disk', 'text'\)"),
+        (["dtype=float16"], r"dtype: got 'float16', expected one of \['float32', 'float64'\]"),
+        (["checkpoint_keep=0"], r"checkpoint_keep: got 0, expected an int >= 1; set e\.g\. "
+         r"checkpoint_keep=3$"),
+    ],
+)  # fmt: skip
+def test_enumerations_and_ranges_are_refused_before_torch_is_imported(argv, line, tmp_path):
+    import re
+    import subprocess
+
+    from tests.helpers import REPO
+
+    proc = subprocess.run(
+        [sys.executable, "-X", "importtime", "-m", "lit_fedco.recipes.comfedl_dro", *argv,
+         f"out_dir={tmp_path / 'out'}"],
+        capture_output=True, text=True, cwd=REPO, timeout=120,
+    )  # fmt: skip
+    imported = {
+        row.rsplit("|", 1)[1].strip().split(".")[0]
+        for row in proc.stderr.splitlines()
+        if row.startswith("import time:") and "|" in row
+    }
+    lines = [row for row in proc.stderr.splitlines() if not row.startswith("import time:")]
+    assert proc.returncode == 2 and len(lines) == 1, proc.stderr[-2000:]
+    assert re.match(r"lit_fedco: " + line, lines[0]), lines[0]
+    assert not imported & set(HEAVY), sorted(imported & set(HEAVY))
+    assert not (tmp_path / "out").exists()
+
+
+def test_the_checks_read_the_names_from_the_modules_that_define_them():
+    from lit_fedco.core.models import MODELS
+    from lit_fedco.data import names
+
+    checks = catalog.load()["checks"]
+    assert checks["model.name"]["one_of"] == list(MODELS) and checks["model.name"]["refs"]
+    assert set(names.PARTITIONS) <= set(checks["data.partition"]["one_of"])
+    every = {*names.BUILTIN_SOURCES, *names.OTHER_SOURCES, *names.FILE_READERS}
+    assert set(checks["data.name"]["one_of"]) == every
+    # a ref with a colon is left to its import (model.name=MODULE:NAME, data.name=MODULE:FN)
+    from lit_fedco.config.load import load_config
+    from lit_fedco.config.values import check_values
+    from lit_fedco.recipes.comfedl_dro import DEFAULTS
+
+    cfg = load_config([], DEFAULTS)
+    cfg.model.name, cfg.data.name = "my_models:MyNet", "my_data:load"
+    check_values(cfg)

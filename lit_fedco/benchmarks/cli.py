@@ -1,6 +1,7 @@
 """Wall time of the command line's answers that must not wait for torch: ``--help``,
-``--help-all`` and an unknown key, each a fresh ``python -m lit_fedco.recipes.<recipe>``
-process, started from this repository.
+``--help-all``, an unknown key and a value the catalog refuses (a name outside its
+enumeration, an int below its range, a repeated updater), each a fresh
+``python -m lit_fedco.recipes.<recipe>`` process, started from this repository.
 
     python -m lit_fedco.benchmarks.cli [--recipe ds_feddro] [--repeat 10]
 
@@ -40,6 +41,9 @@ def main(argv: list[str] | None = None) -> None:
         ("--help", [*recipe, "--help"]),
         ("--help-all", [*recipe, "--help-all"]),
         ("unknown key (roundz=3)", [*recipe, "roundz=3"]),
+        ("bad name (model.name=cnnn)", [*recipe, "model.name=cnnn"]),
+        ("out of range (rounds=0)", [*recipe, "rounds=0"]),
+        ("repeated (updaters=[a,a])", [*recipe, "updaters=[fedavg,fedavg]"]),
         ("python -c pass", [sys.executable, "-c", "pass"]),
         ("python -c 'import torch'", [sys.executable, "-c", "import torch"]),
     ]

@@ -219,7 +219,55 @@ def build() -> dict[str, Any]:
         "fields": fields,
         "run": run,
         "nodes": nodes,
+        "checks": value_checks(),
     }
+
+
+def value_checks() -> dict[str, Any]:
+    """The checks :func:`lit_fedco.config.values.check_values` makes before torch is imported,
+    by dotted key: ``one_of`` (the names the key accepts, read from the modules that define
+    them; ``refs``: a ``MODULE:NAME`` is accepted too, and checked when it is imported) or
+    ``min`` (an int's lower bound), each with the full check's ``expected`` and ``example``."""
+    from lit_fedco.core.models import MODELS
+    from lit_fedco.data import names
+    from lit_fedco.engine.executors import AUTO, EXECUTORS
+    from lit_fedco.experiment.assemble import ACCELERATORS, DTYPES, MODEL_BUFFERS
+
+    sources = (*names.BUILTIN_SOURCES, *names.OTHER_SOURCES)
+    partitions = (*names.PARTITIONS, "classes")  # classes: the few-shot split's own
+    executors = sorted([AUTO, *EXECUTORS])
+
+    def one_of(values: Any, expected: str, example: str, refs: bool = False) -> dict[str, Any]:
+        out = {"one_of": list(values), "expected": expected, "example": example}
+        return {**out, "refs": True} if refs else out
+
+    def at_least(low: int, expected: str, example: str) -> dict[str, Any]:
+        return {"min": low, "expected": expected, "example": example}
+
+    checks: dict[str, Any] = {
+        "model.name": one_of(MODELS, f"one of {MODELS} or MODULE:NAME", "logreg", refs=True),
+        "data.name": one_of(
+            [*sources, *names.FILE_READERS],
+            f"one of {sources}, a reader of your own files {names.FILE_READERS} (with "
+            "data.data_dir), or a function of your own, MODULE:FUNCTION",
+            "digits",
+            refs=True,
+        ),
+        "data.partition": one_of(partitions, f"one of {partitions}", "quantity"),
+        "executor": one_of(executors, f"one of {executors}", AUTO),
+        "dtype": one_of(sorted(DTYPES), f"one of {sorted(DTYPES)}", "float32"),
+        "model.buffers": one_of(MODEL_BUFFERS, f"one of {MODEL_BUFFERS}", "local"),
+        "accelerator": one_of(ACCELERATORS, f"one of {ACCELERATORS}", "cpu"),
+    }
+    for key in ("rounds", "local_steps", "batch_size", "eval_every"):
+        checks[key] = at_least(1, "an int >= 1", "5")  # the loop's own (LoopConfig.validate)
+    for key in ("devices", "num_nodes"):
+        checks[key] = at_least(1, "an int >= 1", "1")
+    checks["data.num_clients"] = at_least(1, "an int >= 1", "10")
+    checks["checkpoint_every"] = at_least(0, "an int >= 0 (0: only at the end)", "10")
+    checks["checkpoint_keep"] = at_least(1, "an int >= 1", "3")
+    checks["seed"] = at_least(0, "an int >= 0 (numpy's seeds)", "0")
+    return checks
 
 
 def dumps(catalog: dict[str, Any]) -> str:

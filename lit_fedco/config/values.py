@@ -1,0 +1,65 @@
+"""The value checks the catalog can make before torch is imported: a name outside an enumeration
+(``model.name=cnnn``, ``data.partition=dirichlett``, ``executor=vectorised``), an int below its
+range (``rounds=0``), an updater or seed given twice. Each refusal is the one line the later,
+full check gives (same key, value, expectation and example), in a fraction of a second.
+
+The enumerations are not copied here: :func:`lit_fedco.config.schema.value_checks` reads them
+from the modules that define them (``MODELS``, the data names, the executors, ...) into the
+committed catalog's ``checks``, so a name added there is accepted here once the catalog is
+regenerated (``tests/test_schema.py`` fails while it is stale).
+
+Imports: the standard library and OmegaConf; never torch.
+"""
+
+from __future__ import annotations
+
+import difflib
+from typing import Any
+
+from omegaconf import DictConfig
+
+from lit_fedco.config import catalog
+from lit_fedco.core.errors import ConfigError
+
+
+def _get(cfg: DictConfig, dotted: str) -> Any:
+    node: Any = cfg
+    for part in dotted.split("."):
+        if part not in node:
+            return None
+        node = node[part]
+    return node
+
+
+def check_values(cfg: DictConfig, cat: dict[str, Any] | None = None) -> None:
+    """Every check of the catalog's ``checks`` on ``cfg``, then the repeated updaters and
+    seeds.
+
+    Raises:
+        ConfigError: the first value refused, as the full check words it.
+    """
+    checks: dict[str, Any] = (cat or catalog.load()).get("checks", {})
+    for key, check in checks.items():
+        value = _get(cfg, key)
+        if value is None:
+            continue
+        if "one_of" in check:
+            refs = check.get("refs", False) and ":" in str(value)  # MODULE:NAME, checked later
+            if not refs and str(value) not in check["one_of"]:
+                close = difflib.get_close_matches(str(value), check["one_of"], n=1)
+                example = close[0] if close else check["example"]  # the near miss, if any
+                raise ConfigError.bad_value(key, value, check["expected"], example)
+        elif "min" in check and isinstance(value, int) and value < check["min"]:
+            raise ConfigError.bad_value(key, value, check["expected"], check["example"])
+    names = [str(n) for n in cfg.updaters]
+    if not names or len(set(names)) != len(names):
+        fix = f"[{','.join(dict.fromkeys(names)) or 'fedavg'}]"
+        raise ConfigError.bad_value(
+            "updaters", names, "at least one updater, each once (nothing to run otherwise; a "
+            "repeated one would repeat the same run)", fix,
+        )  # fmt: skip
+    seeds = list(cfg.seeds)
+    if len(set(seeds)) != len(seeds):
+        raise ConfigError.bad_value(
+            "seeds", seeds, "distinct seeds (a repeated seed repeats the same run)", "[0,1,2]"
+        )
