@@ -160,6 +160,22 @@ def test_the_config_reference_is_generated_from_the_catalog():
     )
 
 
+def test_the_compositions_reference_is_generated_from_the_registries():
+    from lit_fedco.problems import available_problems
+    from lit_fedco.updaters import available_updaters
+
+    sys.path.insert(0, str(DOCS / "_ext"))
+    try:
+        import config_keys
+    finally:
+        sys.path.remove(str(DOCS / "_ext"))
+    page = config_keys.compositions()
+    for name in [*available_problems(), *available_updaters()]:
+        assert f"| `{name}` |" in page, name
+    hooks_page = (DOCS / "reference" / "hooks.md").read_text()
+    assert "{include} ../_generated/compositions.md" in hooks_page
+
+
 def test_every_image_shown_exists():
     shown = 0
     for path in TEXTS:

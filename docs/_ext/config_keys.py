@@ -1,6 +1,9 @@
-"""A Sphinx extension that writes the config-key reference from ``lit_fedco/config/schema.json``
-at build time (into ``docs/_generated/config_keys.md``, which ``reference/config.md`` includes),
-so that the page can never disagree with the catalog ``--help`` reads."""
+"""A Sphinx extension that writes the generated parts of the reference at build time, so that
+they can never disagree with the code: the config keys from ``lit_fedco/config/schema.json``
+(the catalog ``--help`` reads; ``docs/_generated/config_keys.md``, included by
+``reference/config.md``) and the compositions each registered problem offers and each
+registered updater accepts (``docs/_generated/compositions.md``, included by
+``reference/hooks.md``)."""
 
 from __future__ import annotations
 
@@ -61,12 +64,38 @@ def render(schema: dict[str, Any]) -> str:
     return "\n".join(out).rstrip() + "\n"
 
 
+def compositions() -> str:
+    """The registered problems with the compositions they offer, and the registered updaters
+    with the compositions they accept (in their order of preference) and their default
+    problem, as Markdown tables."""
+    from lit_fedco.problems import Classification, available_problems, get_problem
+    from lit_fedco.updaters import available_updaters, get_updater
+
+    def names(items: Any) -> str:
+        return ", ".join(f"`{c}`" for c in items or ()) or "(any)"
+
+    out = ["| problem (`objective=`) | compositions it offers |", "|---|---|",
+           f"| none (the default) | {names(Classification.known_offers())} |"]  # fmt: skip
+    out += [f"| `{n}` | {names(get_problem(n).known_offers())} |" for n in available_problems()]
+    out += ["", "| updater | compositions it trains | default problem |", "|---|---|---|"]
+    for n in available_updaters():
+        cls = get_updater(n)
+        default = f"`{cls.default_problem}`" if cls.default_problem else "none"
+        out.append(f"| `{n}` | {names(cls.compositions)} | {default} |")
+    return "\n".join(out) + "\n"
+
+
 def _write(app: Any) -> None:
-    target = Path(app.srcdir) / "_generated" / "config_keys.md"
-    target.parent.mkdir(exist_ok=True)
-    text = render(json.loads(SCHEMA.read_text()))
-    if not target.exists() or target.read_text() != text:
-        target.write_text(text)
+    folder = Path(app.srcdir) / "_generated"
+    folder.mkdir(exist_ok=True)
+    pages = {
+        "config_keys.md": render(json.loads(SCHEMA.read_text())),
+        "compositions.md": compositions(),
+    }
+    for name, text in pages.items():
+        target = folder / name
+        if not target.exists() or target.read_text() != text:
+            target.write_text(text)
 
 
 def setup(app: Any) -> dict[str, Any]:
