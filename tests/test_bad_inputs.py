@@ -179,6 +179,9 @@ CASES = [
     case("drop-1", ["failures.drop=1.0"], r"failures.drop: got 1.0, expected a float in \[0, 1\) \(at 1 every client drops out"),
     case("data-dir-embedded", ["data.data_dir=/nonexistent"], r"data.data_dir: got '/nonexistent', but data.name=digits is embedded and reads no folder"),
     case("rounds-twice", ["rounds=5", "rounds=3"], r"rounds: given twice \('rounds=5', then 'rounds=3'\); give it once"),
+    # --- near misses (issue 33): the key under its node, the cohort with the clients
+    case("lr-without-its-updater", ["lr=0.1"], r"lr: unknown config key \(from the command line\); did you mean 'comfedl\.lr'\? \(each updater of this run has its own: comfedl\.lr, drfl\.lr, qfedavg\.lr, fedavg\.lr"),
+    case("clients-without-cohort", ["data.num_clients=5"], r"cohort: got 10, expected an int in \[1, 5\] \(K = 5; with another data\.num_clients, set cohort too\); set e\.g\. cohort=5$"),
     case("updater-and-updaters", ["updater=comfedl", "updaters=[fedavg]"], r"updaters: given twice \('updater=comfedl', then 'updaters=\[fedavg\]'\)"),
     case("dot-key", [".rounds=5"], r"command line: got '.rounds=5', whose key '.rounds' is not a config key"),
     case("double-dot-key", ["data..name=x"], r"command line: got 'data..name=x', whose key 'data..name' is not a config key"),

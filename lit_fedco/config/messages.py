@@ -75,6 +75,23 @@ def _misplaced(layer: Any, cfg: DictConfig, prefix: str = "") -> tuple[str, Any,
     return None
 
 
+def _node_key_hint(leaf: str, cfg: DictConfig) -> str:
+    """``did you mean 'fedavg.lr'? ...``: the run's updaters (else any node) that have key
+    ``leaf``, for a node's key given without its node; empty if none has it."""
+    owners = [str(k) for k, v in cfg.items_ex(resolve=False) if isinstance(v, DictConfig)
+              and leaf in v]  # fmt: skip
+    try:
+        run = [str(u) for u in cfg.updaters if str(u) in owners]
+    except Exception:  # an unresolvable updaters list: reported on its own
+        run = []
+    mine = run or owners
+    if not mine:
+        return ""
+    shown = ", ".join(f"{o}.{leaf}" for o in mine[:6]) + (", ..." if len(mine) > 6 else "")
+    what = "each updater of this run has its own" if run else "keys of their nodes"
+    return f"did you mean {mine[0] + '.' + leaf!r}? ({what}: {shown}) "
+
+
 def unknown_key_error(key: str, source: str, cfg: DictConfig) -> ConfigError:
     """``key`` is not in ``cfg`` (it came from ``source``): the error names the closest valid
     key and the valid keys of its node. Shared by the full check and the torch-free one
@@ -86,6 +103,8 @@ def unknown_key_error(key: str, source: str, cfg: DictConfig) -> ConfigError:
     valid = [str(k) for k in node] if isinstance(node, DictConfig) else []
     close = difflib.get_close_matches(leaf, valid, n=1)
     hint = f"did you mean {(parent + '.' if parent else '') + close[0]!r}? " if close else ""
+    if not close and not parent:  # a key of a node given at the top: lr for fedavg.lr
+        hint = _node_key_hint(leaf, cfg)
     if len(key) > 60:  # input echoed back: a file read as a preset, a pasted line
         key = key[:59] + "…"
     return ConfigError(

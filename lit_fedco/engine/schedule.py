@@ -44,8 +44,9 @@ class LoopConfig:
         k = num_clients
         if not 1 <= self.cohort <= k:
             raise ConfigError.bad_value(
-                "cohort", self.cohort, f"an int in [1, {k}] (K = {k})", str(k)
-            )
+                "cohort", self.cohort, f"an int in [1, {k}] (K = {k}; with another "
+                "data.num_clients, set cohort too)", str(k),
+            )  # fmt: skip
         if self.cohort < world_size:
             raise ConfigError.bad_value(
                 "cohort", self.cohort, f"at least the number of processes ({world_size})", str(k)
