@@ -34,6 +34,7 @@ if TYPE_CHECKING:
         tree_sub,
         tree_zeros,
     )
+    from lit_fedco.data.user import UserData
     from lit_fedco.engine.simulate import run_rounds
     from lit_fedco.objectives.base import Batch, Context, Objective
     from lit_fedco.problems import Problem, register_problem
@@ -64,6 +65,8 @@ _LAZY = {
     # problems: what depends on the data and the task (samplers, evaluation, objectives)
     "Problem": "lit_fedco.problems",
     "register_problem": "lit_fedco.problems",
+    # a data set of one's own: what a data function (data.name=MODULE:FUNCTION) returns
+    "UserData": "lit_fedco.data.user",
     # full-participation rounds on fixed batches in one process (examples, tests)
     "run_rounds": "lit_fedco.engine.simulate",
     # the round's vocabulary
@@ -105,6 +108,7 @@ __all__ = [
     "State",
     "StepInfo",
     "Sync",
+    "UserData",
     "__version__",
     "available_updaters",
     "combine",
