@@ -80,6 +80,7 @@ def outside(tmp_path, monkeypatch) -> Path:
     return tmp_path
 
 
+@pytest.mark.slow
 def test_a_user_updater_passes_the_checks_without_processes(outside):
     from my_scaffold import MyScaffold
 
