@@ -181,6 +181,8 @@ CASES = [
     case("rounds-twice", ["rounds=5", "rounds=3"], r"rounds: given twice \('rounds=5', then 'rounds=3'\); give it once"),
     # --- near misses (issue 33): the key under its node, the cohort with the clients
     case("lr-without-its-updater", ["lr=0.1"], r"lr: unknown config key \(from the command line\); did you mean 'comfedl\.lr'\? \(each updater of this run has its own: comfedl\.lr, drfl\.lr, qfedavg\.lr, fedavg\.lr"),
+    case("variants-repeated", ["variants=[rounds=3,rounds=3]"], r"variants: got variants\[0\] 'rounds=3' and variants\[1\] 'rounds=3', which run the same config, expected distinct variants"),
+    case("variants-same-config", ["variants=['rounds=3 seed=0',rounds=3]"], r"variants: got variants\[0\] 'rounds=3 seed=0' and variants\[1\] 'rounds=3', which run the same config"),
     case("clients-without-cohort", ["data.num_clients=5"], r"cohort: got 10, expected an int in \[1, 5\] \(K = 5; with another data\.num_clients, set cohort too\); set e\.g\. cohort=5$"),
     case("updater-and-updaters", ["updater=comfedl", "updaters=[fedavg]"], r"updaters: given twice \('updater=comfedl', then 'updaters=\[fedavg\]'\)"),
     case("dot-key", [".rounds=5"], r"command line: got '.rounds=5', whose key '.rounds' is not a config key"),

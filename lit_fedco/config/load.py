@@ -10,6 +10,7 @@ same function serves ``--help``, the up-front checks and the run.
 from __future__ import annotations
 
 import dataclasses
+import json
 import shlex
 from typing import Any
 
@@ -85,7 +86,28 @@ def variant_configs(cmd: CommandLine, cfg: DictConfig) -> list[tuple[str, DictCo
                     key="variants",
                 )
         out.append((variant, vcfg))
+    _distinct(out)
     return out or [("", cfg)]
+
+
+def _distinct(variants: list[tuple[str, DictConfig]]) -> None:
+    """No two variants run the same config (a repeated one would be counted as more seeds).
+
+    Raises:
+        ConfigError: naming the two variants.
+    """
+    seen: dict[str, int] = {}
+    for i, (variant, vcfg) in enumerate(variants):
+        key = json.dumps(OmegaConf.to_container(vcfg, resolve=True), sort_keys=True, default=str)
+        if key in seen:
+            j = seen[key]
+            raise ConfigError(
+                f"variants: got variants[{j}] {variants[j][0]!r} and variants[{i}] {variant!r}, "
+                "which run the same config, expected distinct variants (a repeated variant "
+                "repeats the same runs); drop one of them",
+                key="variants",
+            )
+        seen[key] = i
 
 
 def node_params(cfg: DictConfig, name: str) -> Any:
