@@ -78,6 +78,17 @@ def dropout_mlp(input_shape, num_classes, seed):
                          nn.Linear(16, num_classes))
 
 
+class Wide(nn.Module):
+    """A fully connected model of one's own."""
+
+    def __init__(self, input_shape, num_classes):
+        super().__init__()
+        self.fc = nn.Linear(64, num_classes)
+
+    def forward(self, x):
+        return self.fc(x.flatten(1))
+
+
 def wrong_outputs(input_shape, num_classes):
     return nn.Sequential(nn.Flatten(), nn.Linear(64, num_classes + 1))
 
@@ -141,9 +152,15 @@ def test_running_statistics_are_state_and_a_training_forward_leaves_them_alone()
 
 
 @pytest.mark.parametrize("executor", [SequentialExecutor, VectorizedExecutor])
-def test_a_round_of_fedavg_with_batch_norm_is_a_plain_training_loop(executor):
+def test_a_round_of_fedavg_with_batch_norm_is_a_plain_training_loop(executor, monkeypatch):
     """One client, I = 4 steps of FedAvg: the server's parameters and running statistics are
-    those a plain PyTorch loop (SGD, the module's own batch norm) leaves."""
+    those a plain PyTorch loop (SGD, the module's own batch norm) leaves. Run client by client,
+    the statistics are those of the step's own forward (no forward of their own)."""
+    from lit_fedco.engine import round as round_module
+
+    forwards = []
+    real = round_module.updated_stats
+    monkeypatch.setattr(round_module, "updated_stats", lambda *a: forwards.append(1) or real(*a))
     torch.manual_seed(0)
     model = Net()
     upd = _fedavg(model)
@@ -165,6 +182,7 @@ def test_a_round_of_fedavg_with_batch_norm_is_a_plain_training_loop(executor):
             assert torch.equal(value, want[name]), name
         else:
             torch.testing.assert_close(value, want[name], rtol=0, atol=1e-6)
+    assert len(forwards) == (0 if executor is SequentialExecutor else 4)
 
 
 def test_vectorized_and_sequential_agree_with_batch_norm_and_the_statistics_are_averaged():
@@ -326,7 +344,9 @@ def test_a_batch_norm_model_from_outside_runs_with_its_keys_and_local_buffers(la
     assert res.returncode == 0, res.stderr[-3000:]
     cfg = (out / "comfedl_dro" / "avg" / "config.yaml").read_text()
     assert "name: my_models:BNNet" in cfg and "width: 4" in cfg and "buffers: average" in cfg
-    assert "executor: vectorized" in cfg  # the probe: a batch norm model runs under vmap
+    # the probe: it runs under vmap, but a convolutional model is faster client by client
+    assert "executor: sequential" in cfg
+    assert "a convolutional model runs faster client by client on the CPU" in res.stderr
     res = _cli([*common, "run_name=local", "model.buffers=local"], lab)
     assert res.returncode == 0, res.stderr[-3000:]
     help_text = _cli(["model.name=my_models:BNNet", "--help-all"], lab).stdout
@@ -342,6 +362,13 @@ def test_executor_auto_takes_the_sequential_executor_for_a_model_that_cannot_vma
     assert res.returncode == 0, res.stderr[-3000:]
     assert "executor=auto: sequential for model.name=my_models:dropout_mlp" in res.stderr
     assert "executor: sequential" in (out / "comfedl_dro" / "d" / "config.yaml").read_text()
+    args = ["model.name=my_models:Wide", "updaters=[fedavg]", "rounds=2", "seeds=[0]"]
+    res = _cli([*args, "progress=false", "tracking=[csv]", f"out_dir={out}", "run_name=w"], lab)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert "executor=auto: vectorized for model.name=my_models:Wide (it runs under vmap)" in (
+        res.stderr
+    )
+    assert "executor: vectorized" in (out / "comfedl_dro" / "w" / "config.yaml").read_text()
 
 
 def test_the_example_model_module_is_importable():

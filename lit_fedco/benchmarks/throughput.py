@@ -289,6 +289,16 @@ def build_net(w: Workload, input_shape: tuple[int, ...], num_classes: int, seed:
     return build_model(w.model, input_shape, num_classes, seed, hidden=w.hidden)
 
 
+def conv_model(value: str) -> str:
+    """``--conv-model``: one of :data:`CONV_MODELS`, or a researcher's ``MODULE:NAME`` (built
+    as ``model.name=MODULE:NAME`` is, with its ``Params`` defaults)."""
+    if value in CONV_MODELS or (":" in value and all(value.partition(":")[::2])):
+        return value
+    raise argparse.ArgumentTypeError(
+        f"got {value!r}, expected one of {', '.join(CONV_MODELS)} or MODULE:NAME"
+    )
+
+
 # ---------------------------------------------------------------------- implementations
 class PlainLoop:
     """FedAvg as a plain per-client PyTorch loop (the baseline; module docstring).
@@ -309,17 +319,24 @@ class PlainLoop:
         self.lr = w.lr if lr is None else lr
         self.data = data.to(device, dtype)
         self.sampler = BatchSampler(self.data, seed)
+        from lit_fedco.core.models import running_stats
+
         net = build_net(w, tuple(data.x_train.shape[1:]), data.num_classes, seed)
         self.net = net.to(device, dtype)
         self.names = [name for name, _ in self.net.named_parameters()]
         self.weights: list[Tensor] = [p for _, p in self.net.named_parameters()]
-        self.server = [p.detach().clone() for p in self.weights]
-        self.total = [torch.zeros_like(p) for p in self.weights]
+        # a batch norm's running statistics: the module's own buffers, which its forward
+        # updates; averaged with the parameters (lit_fedco's model.buffers=average)
+        buffers = dict(self.net.named_buffers())
+        self.names += list(running_stats(self.net))
+        self.state = self.weights + [buffers[n] for n in running_stats(self.net)]
+        self.server = [p.detach().clone() for p in self.state]
+        self.total = [torch.zeros_like(p) for p in self.state]
         self.round_idx = 0
 
     @torch.no_grad()
     def _start_client(self) -> None:
-        torch._foreach_copy_(self.weights, self.server)
+        torch._foreach_copy_(self.state, self.server)
 
     def run_round(self) -> None:
         """One FedAvg round: cohort, every client's I local steps, the average."""
@@ -342,7 +359,7 @@ class PlainLoop:
                 with torch.no_grad():
                     torch._foreach_add_(self.weights, grads, alpha=-self.lr)
             with torch.no_grad():
-                torch._foreach_add_(self.total, self.weights)
+                torch._foreach_add_(self.total, self.state)
         with torch.no_grad():
             torch._foreach_div_(self.total, len(cohort))
         self.server, self.total = self.total, self.server
@@ -792,9 +809,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     p.add_argument(
         "--conv-model",
-        choices=CONV_MODELS,
+        type=conv_model,
         default="cnn",
-        help="the conv workload's net: lit_fedco's cnn (hidden 128) or simple_cnn",
+        help="the conv workload's net: lit_fedco's cnn (hidden 128), simple_cnn, or your own "
+        "MODULE:NAME (built as model.name=MODULE:NAME is; the module on PYTHONPATH)",
     )
     p.add_argument(
         "--data-dir",

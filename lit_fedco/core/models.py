@@ -10,12 +10,13 @@ them. Every other buffer stays in the module, read-only."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import importlib
 import inspect
 import math
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -23,6 +24,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call
 
+from lit_fedco.core.autodiff import transformed
 from lit_fedco.core.errors import ConfigError
 
 
@@ -282,7 +284,7 @@ def call(model: nn.Module, params: Params, x: torch.Tensor) -> torch.Tensor:
     if fast is not None:
         return fast(model, params, x)
     if running_stats(model):
-        return functional_call(model, _with_stats_copies(model, params), (x,))
+        return _call_with_stats(model, params, x)
     return _swapped_call(model, params, x)
 
 
@@ -340,6 +342,55 @@ def check_running_stats(model: nn.Module, where: str) -> None:
             )
 
 
+_CAPTURE: weakref.WeakKeyDictionary[nn.Module, list[Any]] = weakref.WeakKeyDictionary()
+
+
+@contextlib.contextmanager
+def capturing_stats(model: nn.Module) -> Iterator[list[Any]]:
+    """Within it, the first training forward of ``model`` run outside every ``torch.func``
+    transform records ``(inputs, the running statistics it left, the tensors it started
+    from)`` in the yielded list: a step's own forward gives the statistics the round would
+    otherwise compute with a forward of its own (:func:`updated_stats`)."""
+    slot: list[Any] = []
+    _CAPTURE[model] = slot
+    try:
+        yield slot
+    finally:
+        _CAPTURE.pop(model, None)
+
+
+def _buffer_slot(model: nn.Module, name: str) -> tuple[nn.Module, str]:
+    *path, attr = name.split(".")
+    module = model
+    for step in path:
+        module = module._modules[step]  # type: ignore[assignment]
+    return module, attr
+
+
+def _call_with_stats(model: nn.Module, params: Params, x: torch.Tensor) -> torch.Tensor:
+    """:func:`call` of a model with running statistics: the statistics of ``params`` (train
+    mode: fresh copies, and fresh counters, which the forward updates) put in the batch norms'
+    buffers for the forward and the module's own put back after it; the parameters swapped as
+    :func:`_swapped_call` swaps them."""
+    stats, counters = _stats_names(model)
+    values = _with_stats_copies(model, params)
+    plain = {k: v for k, v in params.items() if k not in stats}
+    swapped: list[tuple[nn.Module, str, Any]] = []
+    try:
+        for name in (*stats, *counters) if model.training else stats:
+            module, attr = _buffer_slot(model, name)
+            swapped.append((module, attr, module._buffers[attr]))
+            module._buffers[attr] = values[name]
+        out = _swapped_call(model, plain, x)
+    finally:
+        for module, attr, own in reversed(swapped):
+            module._buffers[attr] = own
+    slot = _CAPTURE.get(model)
+    if slot is not None and not slot and model.training and not transformed():
+        slot.append((x, {n: values[n] for n in stats}, {n: params[n] for n in stats}))
+    return out
+
+
 def _with_stats_copies(model: nn.Module, params: Params) -> Params:
     """``params`` with, in train mode, fresh copies of the running statistics (and counters)
     for a forward to update; in eval mode ``params`` itself."""
@@ -368,6 +419,28 @@ def updated_stats(model: nn.Module, params: Params, x: torch.Tensor) -> Params:
     finally:
         model.train(was_training)
     return {name: copies[name] for name in running_stats(model)}
+
+
+def captured_stats(
+    slot: list[Any], model: nn.Module, params: Params, x: torch.Tensor
+) -> Params | None:
+    """The statistics :func:`capturing_stats` recorded in ``slot``, if its forward was the one
+    :func:`updated_stats` would run: on ``x`` itself, from the statistics of ``params`` (the
+    same tensors, or views of the same memory); else None."""
+    if not slot:
+        return None
+    inputs, stats, sources = slot[0]
+    same_inputs = inputs is x or (
+        inputs.data_ptr() == x.data_ptr() and inputs.shape == x.shape
+        and inputs.stride() == x.stride()
+    )  # fmt: skip
+    if not same_inputs:
+        return None
+    for name, source in sources.items():
+        own = params[name]
+        if source is not own and (source.data_ptr() != own.data_ptr() or source.shape != own.shape):
+            return None
+    return dict(stats)
 
 
 def model_state(model: nn.Module, dtype: torch.dtype | None = None) -> Params:

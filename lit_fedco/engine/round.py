@@ -39,7 +39,13 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor
 
-from lit_fedco.core.models import draws_randomly, running_stats, updated_stats
+from lit_fedco.core.models import (
+    captured_stats,
+    capturing_stats,
+    draws_randomly,
+    running_stats,
+    updated_stats,
+)
 from lit_fedco.core.protocol import LOCAL_STATS, RoundContext, RoundInfo, StepInfo, Sync
 from lit_fedco.core.seeding import dropout_seed
 from lit_fedco.core.server_opt import ServerOptimizer
@@ -264,7 +270,7 @@ def local_steps(
     stats = running_stats(r.upd.model)  # batch norms' running statistics, updated per step
     draws = draws_randomly(r.upd.model)  # dropout: seeded per client and step
     stacked = r.ex.stacks and r.upd.stacked() and not draws  # its own step, stacked clients
-    inplace = r.ex.in_place and r.upd.inplace() and not (stats or draws)  # into the rows
+    inplace = r.ex.in_place and r.upd.inplace() and not draws  # its own step into the rows
     held = (
         _held_batches(batches, first, r.info.local_steps)
         if inplace and r.done is None and not step_keys and r.n
@@ -272,6 +278,8 @@ def local_steps(
     )
     if held is not None:  # each client's steps back to back (the same steps, client-major)
         step = partial(_inplace_step_t, r.upd, r.info)
+        if stats:
+            step = partial(_inplace_own_stats, r.upd, step)
         for logs in r.ex.map_steps(step, states, held, ctx.broadcast, r.n):
             _add_logs(log_sum, logs, None)
         return states, log_sum, step_mean
@@ -280,13 +288,12 @@ def local_steps(
         b = first if t == 0 else batches(t)
         info = r.info.step(t)
         if inplace and running is None and r.n:  # every client of the process steps
-            logs = r.ex.map(partial(_inplace_step, r.upd, info), states, b, ctx.broadcast, r.n)
+            step = partial(_inplace_step, r.upd, info)
+            if stats:
+                step = partial(_inplace_own_stats, r.upd, step)
+            logs = r.ex.map(step, states, b, ctx.broadcast, r.n)
         else:
-            step = partial(_stacked_step if stacked else _step, r.upd, info)
-            if draws:  # each client's forwards seeded by (seed, client, round, step)
-                b = {**b, _CLIENT: r.clients}
-                step = partial(_seeded, step, r.info, t)
-            fresh = _updated_stats(r, states, b, t if draws else None) if stats else None
+            step, b, fresh = _model_step(r, states, b, t, stacked, bool(stats), draws)
             new, logs = r.ex.map(step, states, b, ctx.broadcast, r.n, stacked)
             if fresh is not None:
                 new = {**new, **{k: {**new[k], **v} for k, v in fresh.items()}}
@@ -295,6 +302,70 @@ def local_steps(
         if step_keys:
             states, step_mean = sync_step(r, states, step_keys, running, step_mean)
     return states, log_sum, step_mean
+
+
+def _model_step(
+    r: _Round, states: State, b: Any, t: int, stacked: bool, stats: bool, draws: bool
+) -> tuple[Any, Any, State | None]:
+    """Step t's per-client function and batches, and the running statistics to write over
+    the step's (None: none, or the function writes them itself). Clients run one by one
+    outside ``torch.func`` (the sequential executor) take the statistics from the step's own
+    forward (:func:`_own_stats`); vmapped ones from a forward of their own
+    (:func:`_updated_stats`). A model that draws randomly is seeded per client and step."""
+    step = partial(_stacked_step if stacked else _step, r.upd, r.info.step(t))
+    own = stats and r.ex.in_place
+    if own:
+        step = partial(_own_stats, r.upd, step)
+    if draws:  # each client's forwards seeded by (seed, client, round, step)
+        b = {**b, _CLIENT: r.clients}
+        step = partial(_seeded, step, r.info, t)
+    fresh = _updated_stats(r, states, b, t if draws else None) if stats and not own else None
+    return step, b, fresh
+
+
+def _own_stats(upd: CompositionalUpdater, step: Any, s: State, b: Any, c: Any) -> Any:
+    """One client's out-of-place ``step``, its model entries' running statistics those its own
+    first forward left where that forward was on the step's first minibatch at the step's
+    starting point (:func:`~lit_fedco.core.models.captured_stats`), else from a forward of
+    their own (:func:`~lit_fedco.core.models.updated_stats`): the same numbers, one forward
+    less."""
+    model = upd.model
+    with capturing_stats(model) as slot:
+        new, logs = step(s, b, c)
+    x = _stats_inputs(upd, b)
+    if x is None:
+        return new, logs
+    fresh: State = {}
+    for i, key in enumerate(k for k in (upd.model_key, upd.personal_key) if k and k in s):
+        got = captured_stats(slot, model, s[key], x) if i == 0 else None
+        fresh[key] = {**new[key], **(got if got is not None else updated_stats(model, s[key], x))}
+    return {**new, **fresh}, logs
+
+
+def _inplace_own_stats(upd: CompositionalUpdater, step: Any, *args: Any) -> Any:
+    """One client's in-place ``step`` (its last three arguments: state, batches, context), then
+    the running statistics its own first forward left written into the model entry's rows:
+    an in-place step takes that forward on the step's first minibatch at the step's starting
+    point (FedAvg's and SCAFFOLD's do), or it cannot run on a model with running statistics.
+
+    Raises:
+        RuntimeError: the step's first forward was another one.
+    """
+    s, b = args[-3], args[-2]
+    key = upd.model_key
+    with capturing_stats(upd.model) as slot:
+        logs = step(*args)
+    x = _stats_inputs(upd, b)
+    got = captured_stats(slot, upd.model, s[key], x) if x is not None else {}
+    if got is None:
+        raise RuntimeError(
+            f"{type(upd).__name__}.client_step_inplace on a model with running statistics "
+            "must take its first forward on the step's first minibatch at the step's starting "
+            "point; take it there, or leave client_step_inplace to client_step"
+        )
+    for name, value in got.items():
+        s[key][name].copy_(value)
+    return logs
 
 
 def _stats_inputs(upd: CompositionalUpdater, b: Any) -> Any:
