@@ -70,9 +70,15 @@ def test_bench_runs_a_benchmarks_own_command_line():
     assert "invalid choice: 'nope'" in proc.stderr
 
 
-def test_a_missing_command_or_run_folder_is_an_error():
+def test_a_missing_command_or_run_folder_is_an_error(tmp_path):
     assert lit_fedco().returncode == 2
     assert lit_fedco("plot").returncode == 2
+    proc = lit_fedco("plot", str(tmp_path))  # a folder that holds no finished run
+    assert proc.returncode == 1
+    assert proc.stderr.splitlines() == [
+        f"lit_fedco.report.plot: {tmp_path}/results.json is not a finished run's results "
+        f"([Errno 2] No such file or directory: '{tmp_path}/results.json')"
+    ]
 
 
 @pytest.mark.slow
