@@ -458,3 +458,30 @@ def test_bn_cnn_on_an_image_folder_by_writer_is_the_same_run_under_jobs_devices_
     res = _cli([*common, "run_name=local", "model.buffers=local"], tmp_path)
     assert res.returncode == 0, res.stderr[-3000:]
     assert "buffers: local" in (runs / "local" / "config.yaml").read_text()
+
+
+def test_an_in_place_step_whose_forward_is_elsewhere_falls_back_to_a_forward_of_its_own():
+    """FedAvg's in-place step on an objective that feeds the model something other than the
+    minibatch's inputs (a few-shot problem's tasks, here x + 1): the statistics come from a
+    forward of their own at the step's starting point, as the vectorized executor computes
+    them."""
+    from lit_fedco.objectives import Objective
+
+    class Shifted(Objective):
+        def predict(self, params, x):  # type: ignore[no-untyped-def]
+            return call(self.model, params, x + 1.0)
+
+    torch.manual_seed(0)
+    model = Net()
+    cls = get_updater("fedavg")
+    steps = _batches(2, 3)
+    out = []
+    for ex in (SequentialExecutor(), VectorizedExecutor()):
+        upd = cls(cls.hparams_cls(lr=0.1), model, Shifted(model))
+        assert upd.inplace()
+        server = upd.init_server(upd.params(), 2)
+        info = RoundInfo(0, 2, torch.arange(2), 3, 0)
+        res = federated_round(upd, server, info, torch.arange(2), lambda t: steps[t], _comm(), ex)
+        out.append(res.server["x"])
+    for name in out[0]:
+        torch.testing.assert_close(out[0][name], out[1][name], rtol=0, atol=1e-6)

@@ -393,11 +393,13 @@ def _call_with_stats(model: nn.Module, params: Params, x: torch.Tensor) -> torch
 
 def _with_stats_copies(model: nn.Module, params: Params) -> Params:
     """``params`` with, in train mode, fresh copies of the running statistics (and counters)
-    for a forward to update; in eval mode ``params`` itself."""
-    if not model.training:
-        return params
+    for a forward to update; in eval mode the statistics themselves, detached."""
     stats, counters = _stats_names(model)
     out = dict(params)
+    if not model.training:  # read, never written; not differentiated (an adapted model's are
+        for name in stats:  # computed from the parameters under autograd)
+            out[name] = params[name].detach()
+        return out
     for name in stats:
         out[name] = params[name].detach().clone()
     for name in counters:

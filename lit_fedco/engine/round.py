@@ -32,6 +32,7 @@ every client of the process runs.
 from __future__ import annotations
 
 import dataclasses
+import weakref
 from dataclasses import dataclass
 from functools import partial
 from typing import TYPE_CHECKING, Any
@@ -342,27 +343,40 @@ def _own_stats(upd: CompositionalUpdater, step: Any, s: State, b: Any, c: Any) -
     return {**new, **fresh}, logs
 
 
+_CAPTURES: weakref.WeakKeyDictionary[Any, bool] = weakref.WeakKeyDictionary()
+"""Per updater: whether its in-place step's first forward was found to be the one the running
+statistics are updated by (then no copy of the starting point is kept for a fallback)."""
+
+
 def _inplace_own_stats(upd: CompositionalUpdater, step: Any, *args: Any) -> Any:
     """One client's in-place ``step`` (its last three arguments: state, batches, context), then
-    the running statistics its own first forward left written into the model entry's rows:
-    an in-place step takes that forward on the step's first minibatch at the step's starting
-    point (FedAvg's and SCAFFOLD's do), or it cannot run on a model with running statistics.
+    the running statistics written into the model entry's rows: those its own first forward
+    left where that forward was on the step's first minibatch at the step's starting point
+    (FedAvg's and SCAFFOLD's on a classification problem), else from a forward of their own at
+    a copy of the starting point, kept while the updater's steps are not known to capture them.
 
     Raises:
-        RuntimeError: the step's first forward was another one.
+        RuntimeError: a step whose forward captured them before did not.
     """
     s, b = args[-3], args[-2]
     key = upd.model_key
+    x = _stats_inputs(upd, b)
+    known = _CAPTURES.get(upd)
+    start = None if known or x is None else {n: v.clone() for n, v in s[key].items()}
     with capturing_stats(upd.model) as slot:
         logs = step(*args)
-    x = _stats_inputs(upd, b)
-    got = captured_stats(slot, upd.model, s[key], x) if x is not None else {}
-    if got is None:
+    if x is None:
+        return logs
+    got = captured_stats(slot, upd.model, s[key], x)
+    if got is None and start is None:
         raise RuntimeError(
-            f"{type(upd).__name__}.client_step_inplace on a model with running statistics "
-            "must take its first forward on the step's first minibatch at the step's starting "
-            "point; take it there, or leave client_step_inplace to client_step"
+            f"{type(upd).__name__}.client_step_inplace took its first forward elsewhere than on "
+            "the step's first minibatch at the step's starting point, unlike its earlier steps"
         )
+    _CAPTURES[upd] = got is not None and known is not False
+    if got is None:
+        assert start is not None
+        got = updated_stats(upd.model, start, x)
     for name, value in got.items():
         s[key][name].copy_(value)
     return logs
