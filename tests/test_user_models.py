@@ -485,3 +485,31 @@ def test_an_in_place_step_whose_forward_is_elsewhere_falls_back_to_a_forward_of_
         out.append(res.server["x"])
     for name in out[0]:
         torch.testing.assert_close(out[0][name], out[1][name], rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize("name", ["fedadam", "fedavgm"])
+def test_a_server_optimizer_steps_the_parameters_and_averages_the_statistics(name):
+    """FedAdam / FedAvgM on a batch-norm model: their server step moves the parameters only;
+    the running statistics are the clients' mean, the same as FedAvg's (an Adam step on a
+    variance could make it negative)."""
+    from lit_fedco.core.server_opt import ServerOptimizer
+
+    torch.manual_seed(0)
+    model = Net()
+    steps = _batches(2, 2)
+    info = RoundInfo(0, 2, torch.arange(2), 2, 0)
+    out = {}
+    for upd_name in ("fedavg", name):
+        cls = get_updater(upd_name)
+        upd = cls(cls.hparams_cls(lr=0.1), model)
+        server = upd.init_server(upd.params(), 2)
+        cfg = upd.server_opt_config()
+        opt = ServerOptimizer(cfg) if cfg is not None else None
+        res = federated_round(upd, server, info, torch.arange(2), lambda t: steps[t], _comm(),
+                              SequentialExecutor(), server_opt=opt)  # fmt: skip
+        out[upd_name] = res.server["x"]
+    for stat in running_stats(model):
+        assert torch.equal(out[name][stat], out["fedavg"][stat])
+    if name == "fedadam":  # FedAvgM's first step, from zero momentum, is FedAvg's
+        assert not torch.equal(out[name]["conv.weight"], out["fedavg"]["conv.weight"])
+    assert list(out[name]) == list(out["fedavg"])  # parameters, then the statistics

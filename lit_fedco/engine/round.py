@@ -530,8 +530,24 @@ def server_step(
     new = upd.server_update(server, {**step_mean, **mean}, ctx, info)
     if server_opt is not None:
         key = upd.model_key
-        new = {**new, key: server_opt.step(server[key], new[key])}
+        new = {**new, key: _server_opt_step(server_opt, upd, server[key], new[key])}
     return new
+
+
+def _server_opt_step(
+    opt: ServerOptimizer, upd: CompositionalUpdater, old: State, proposed: State
+) -> State:
+    """The server optimizer's step on the model's parameters; running statistics are no
+    parameters (a momentum or Adam step on a variance could turn it negative): they take the
+    proposed mean as it is."""
+    stats = running_stats(upd.model)
+    if not stats:
+        return opt.step(old, proposed)
+    stepped = opt.step(
+        {k: v for k, v in old.items() if k not in stats},
+        {k: v for k, v in proposed.items() if k not in stats},
+    )
+    return {k: stepped[k] if k in stepped else proposed[k] for k in proposed}
 
 
 def federated_round(
