@@ -188,3 +188,21 @@ def test_the_feddro_fig1_proxy_runs_its_tuning_and_comparison_for_one_round(tmp_
     record = json.loads((tmp_path / "ds_feddro" / "f-tune" / "tune.json").read_text())
     assert set(record["updaters"]) == {"feddro", "mbsgd"}  # the others' grids are left out
     assert len(record["updaters"]["feddro"]["grid"]) == 4
+
+
+def test_the_fcsg_mnist_scripts_preset_runs_one_round_with_the_scripts_model(tmp_path):
+    from lit_fedco.recipes.fcsg_auprc import COLUMNS
+    from lit_fedco.recipes.fcsg_auprc import DEFAULTS as AUPRC
+    from tests.idx_files import make_set, write_idx
+
+    for prefix, n, seed in (("train", 600, 1), ("t10k", 200, 2)):
+        write_idx(tmp_path / "mnist", prefix, *make_set(n, seed), gz=False)
+    argv = ["preset=fcsg_auprc_mnist_scripts", f"data.data_dir={tmp_path / 'mnist'}", "rounds=1",
+            "pretrain.rounds=1", "seeds=[0]", "updaters=[fedavg,fcsg_m]", "data.num_clients=4",
+            "cohort=4", "progress=false", "tracking=[csv]", f"out_dir={tmp_path}",
+            "run_name=a"]  # fmt: skip
+    rows = main("fcsg_auprc", AUPRC, argv, columns=COLUMNS, evaluated_on="test")
+    assert [label for label, _ in rows] == ["pretrain", "fedavg", "fcsg_m"]
+    config = yaml.safe_load((tmp_path / "fcsg_auprc" / "a" / "config.yaml").read_text())
+    assert config["model"]["name"] == "lit_fedco.examples.dauprc_models:MnistModel"
+    assert (config["auprc"]["margin"], config["auprc"]["positives"]) == (0.1, 3)

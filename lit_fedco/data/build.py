@@ -180,6 +180,9 @@ def make_partitioned(spec: PartitionedSpec) -> FederatedData:
     x, y, x_te, y_te, num_classes = pools.x, pools.y, pools.x_test, pools.y_test, pools.num_classes
     note, groups = pools.note, pools.groups
     x, y, x_te, y_te = hold_out_training(x, y, x_te, y_te, spec.heldout, spec.seed)
+    if spec.heldout == "train":
+        note = f"{note}; " if note else ""
+        note += f"data.heldout=train: {len(y_te)} rows of the training pool held out instead"
     rng = numpy_generator(spec.seed, PARTITION_STREAM)
     if spec.binary:
         y, y_te, num_classes = binarize(y, num_classes), binarize(y_te, num_classes), 2
