@@ -213,6 +213,9 @@ class RunConfig:
             otherwise, as measured; the run's ``config.yaml`` records the choice),
             ``vectorized`` (vmap over clients) or ``sequential`` (a loop).
         chunk_size: clients per vmap call (0: all of a rank's cohort at once).
+        fast_steps: run an updater's fast forms of its step where it has them (FedAvg's and
+            SCAFFOLD's stacked and in-place steps); false: every step through ``client_step``,
+            with the same numbers (to check a method's fast form, or to time without it).
         dtype: ``float32`` or ``float64``.
         accelerator / devices / num_nodes / strategy: passed to ``lightning.fabric.Fabric``.
         shard_data: with several processes, each holds only the training and validation rows
@@ -279,6 +282,7 @@ class RunConfig:
     eval_every: int = 10
     executor: str = "auto"
     chunk_size: int = 0
+    fast_steps: bool = True
     dtype: str = "float32"
     accelerator: str = "cpu"
     devices: int = 1

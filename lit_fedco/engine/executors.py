@@ -43,12 +43,17 @@ class Executor:
     """Whether the executor runs an updater's in-place step (its :meth:`map` calls ``fn`` on
     views of each client's rows, one client after another)."""
 
-    def __init__(self, chunk_size: int = 0) -> None:
+    def __init__(self, chunk_size: int = 0, fast_steps: bool = True) -> None:
         if chunk_size < 0:
             raise ConfigError.bad_value(
                 "chunk_size", chunk_size, "an int >= 0 (0: no chunks)", "256"
             )
         self.chunk_size = chunk_size
+        self.fast_steps = fast_steps
+        """Whether an updater's fast forms of its step run (``client_step_stacked`` on this
+        executor's stacked clients, ``client_step_inplace`` into its rows) where it has them;
+        False (config ``fast_steps=false``): every step goes through ``client_step``, with the
+        same numbers (tested)."""
 
     def map(
         self, fn: ClientFn, states: Any, batches: Any, ctx: Any, n: int, stacked: bool = False
@@ -193,9 +198,10 @@ def choose_executor(
     return "sequential" if on_cpu and model in SEQUENTIAL_ON_CPU else "vectorized"
 
 
-def make_executor(name: str, chunk_size: int = 0) -> Executor:
+def make_executor(name: str, chunk_size: int = 0, fast_steps: bool = True) -> Executor:
     """The executor called ``name`` (config key ``executor``; ``auto`` must have been
-    resolved by :func:`choose_executor`)."""
+    resolved by :func:`choose_executor`), running updaters' fast step forms where
+    ``fast_steps`` (config ``fast_steps``)."""
     if name not in EXECUTORS:
         raise ConfigError.bad_value("executor", name, f"one of {sorted([AUTO, *EXECUTORS])}", AUTO)
-    return EXECUTORS[name](chunk_size)
+    return EXECUTORS[name](chunk_size, fast_steps)

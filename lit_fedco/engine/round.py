@@ -270,8 +270,9 @@ def local_steps(
     step_mean: State = {}
     stats = running_stats(r.upd.model)  # batch norms' running statistics, updated per step
     draws = draws_randomly(r.upd.model)  # dropout: seeded per client and step
-    stacked = r.ex.stacks and r.upd.stacked() and not draws  # its own step, stacked clients
-    inplace = r.ex.in_place and r.upd.inplace() and not draws  # its own step into the rows
+    fast = r.ex.fast_steps and not draws  # the updater's own fast forms of its step
+    stacked = fast and r.ex.stacks and r.upd.stacked()  # over the stacked clients
+    inplace = fast and r.ex.in_place and r.upd.inplace()  # into the clients' rows
     held = (
         _held_batches(batches, first, r.info.local_steps)
         if inplace and r.done is None and not step_keys and r.n

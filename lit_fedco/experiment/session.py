@@ -181,6 +181,8 @@ def verify(found: dict[str, Any], identity: dict[str, Any], path: Path) -> None:
     Raises:
         ckpt.CheckpointError: the first mismatch.
     """
+    names = {str(s).rsplit(":", 1)[0] for s in identity.get("model", [])}
+    ckpt.check_params(found["loop"], names, path)
     labels = {
         "recipe": "recipe",
         "updater": "updater",
@@ -260,7 +262,7 @@ class SubRun:
             else {"from": "seed", "fingerprint": pretrain.fingerprint(updater.params())}
         )  # fmt: skip
         self.identity = identity_of(recipe, cfg, name, seed, data, updater.params())
-        executor = make_executor(run_executor(cfg), cfg.chunk_size)
+        executor = make_executor(run_executor(cfg), cfg.chunk_size, cfg.fast_steps)
         self.loop = FederatedLoop(fabric, updater, data, loop_config(cfg, seed), executor,
                                   DTYPES[cfg.dtype], problem)  # fmt: skip
         self.status: dict[str, Any] = {}
