@@ -9,6 +9,7 @@ run a recipe end to end as a real process."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -512,10 +513,12 @@ def test_npz_natural_own_runs_a_recipe_end_to_end(tmp_path):
                   "data.num_clients=6", "data.val_mode=own", "cohort=3")  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     assert "npz: 6 clients, 4 classes, 240 training and 60 validation samples" in proc.stdout
+    assert re.search(r"client 0 \(w0\): 40 train, 10 val", proc.stdout), proc.stdout
     run = tmp_path / "runs" / "comfedl_dro" / "r"
     config = yaml.safe_load((run / "config.yaml").read_text())
     assert config["data"]["name"] == "npz" and config["data"]["val_mode"] == "own"
-    assert (run / "fedavg-seed0" / "partition.json").is_file()
+    stats = json.loads((run / "fedavg-seed0" / "partition.json").read_text())
+    assert stats["client_groups"] == [f"w{i}" for i in range(6)]
     assert (run / "comfedl-seed0" / "metrics.csv").is_file()
 
 

@@ -196,7 +196,8 @@ class FederatedData:
             ``val_sizes`` (K ints), ``train_class_counts`` and ``val_class_counts``
             (K lists of C ints); and ``source``, the files the pools were read from, where
             the builder recorded it (``stats["source"]``: MNIST's standard split or its test
-            files alone).
+            files alone), and ``client_groups``, each client's group id, for a natural
+            partition.
         """
         out = {
             "name": self.name,
@@ -209,6 +210,8 @@ class FederatedData:
         }
         if self.stats.get("source"):
             out["source"] = self.stats["source"]
+        if self.stats.get("client_groups"):
+            out["client_groups"] = list(self.stats["client_groups"])
         return out
 
     def describe(self) -> str:
@@ -261,9 +264,11 @@ def format_partition_stats(stats: dict[str, Any], max_clients: int = 4) -> str:
         f"  validation samples per client: {_spread(va)}",
         f"  classes per client (training): {_spread(held)}",
     ]
+    groups = stats.get("client_groups")
     for i in range(min(k, max_clients)):
         mix = _mix(stats["train_class_counts"][i])
-        lines.append(f"  client {i}: {tr[i]} train, {va[i]} val; classes {mix}")
+        who = f" ({groups[i]})" if groups else ""
+        lines.append(f"  client {i}{who}: {tr[i]} train, {va[i]} val; classes {mix}")
     if k > max_clients:
         lines.append(f"  ... {k - max_clients} more clients")
     if stats.get("source"):
