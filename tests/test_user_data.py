@@ -94,6 +94,22 @@ def test_npz_natural_partition_and_own_validation(tmp_path):
         assert torch.equal(x, x_test[arrays["group_test"] == f"w{k}"])
 
 
+def test_natural_clients_tune_on_their_own_rows_held_out_of_training(tmp_path):
+    """``data.heldout=train`` (a tuning run): the group ids follow the rows held out, so each
+    natural client is validated on its own group's held-out training rows."""
+    arrays = write_npz(tmp_path / "d.npz")
+    data = build("data.name=npz", f"data.data_dir={tmp_path / 'd.npz'}", "data.heldout=train",
+                 "data.partition=natural", "data.num_clients=6", "data.val_mode=own")  # fmt: skip
+    assert int(data.sizes("train").sum()) == 192 and int(data.sizes("val").sum()) == 48
+    x = torch.from_numpy(arrays["x"])
+    for k, ((x_tr, _), (x_va, _)) in enumerate(
+        zip(rows_of(data), rows_of(data, "val"), strict=True)
+    ):
+        mine = x[torch.from_numpy(arrays["group"] == f"w{k}")]
+        assert len(x_tr) + len(x_va) == len(mine)  # the group's rows, split between the two
+        assert all(any(torch.equal(r, m) for m in mine) for r in torch.cat([x_tr, x_va]))
+
+
 def test_npz_folder_without_test_split_holds_out_a_fifth(tmp_path):
     write_npz(tmp_path / "train.npz", test=False)
     data = build("data.name=npz", f"data.data_dir={tmp_path}", "data.partition=dirichlet",

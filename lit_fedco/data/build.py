@@ -105,10 +105,16 @@ def hold_out_training(
     that a tuning run selects without ever seeing the test split."""
     if heldout == "test":
         return x, y, x_te, y_te
-    order = torch.from_numpy(numpy_generator(seed, HELDOUT_STREAM).permutation(len(y)))
-    n = min(len(y_te), len(y) // 5)
-    keep, held = order[n:].sort().values, order[:n].sort().values
+    keep, held = heldout_rows(len(y), len(y_te), seed)
     return x[keep], y[keep], x[held], y[held]
+
+
+def heldout_rows(n_train: int, n_test: int, seed: int) -> tuple[Tensor, Tensor]:
+    """The training rows kept and the rows held out (sorted) by ``data.heldout=train``
+    (:func:`hold_out_training`)."""
+    order = torch.from_numpy(numpy_generator(seed, HELDOUT_STREAM).permutation(n_train))
+    n = min(n_test, n_train // 5)
+    return order[n:].sort().values, order[:n].sort().values
 
 
 def _partition(
@@ -134,9 +140,8 @@ def _partition(
             )
         if len(groups) != len(labels):
             raise ConfigError(
-                f"data.partition: got 'natural', but the training rows were subset "
-                f"({len(labels)} of {len(groups)} group ids left; data.heldout=train or "
-                "data.binary); use the source's own test split with a natural partition",
+                f"data.partition: got 'natural', but data.name={spec.name} gives "
+                f"{len(groups)} group ids for {len(labels)} training rows; give one per row",
                 key="data.partition",
             )
         return P.partition_natural(groups, k)
@@ -178,7 +183,10 @@ def make_partitioned(spec: PartitionedSpec) -> FederatedData:
     spec = PartitionedSpec.of(spec)
     pools = load_pools(spec)
     x, y, x_te, y_te, num_classes = pools.x, pools.y, pools.x_test, pools.y_test, pools.num_classes
-    note, groups = pools.note, pools.groups
+    note, groups, groups_te = pools.note, pools.groups, pools.groups_test
+    if spec.heldout == "train" and groups is not None:  # the group ids follow their rows
+        keep, held = heldout_rows(len(y), len(y_te), spec.seed)
+        groups, groups_te = groups[keep.numpy()], groups[held.numpy()]
     x, y, x_te, y_te = hold_out_training(x, y, x_te, y_te, spec.heldout, spec.seed)
     if spec.heldout == "train":
         note = f"{note}; " if note else ""
@@ -194,7 +202,7 @@ def make_partitioned(spec: PartitionedSpec) -> FederatedData:
     if spec.val_mode == "all":
         val = P.partition_iid(y_te.numpy(), spec.num_clients, rng)
     elif spec.val_mode == "own":
-        val = _own_validation(spec, groups, pools.groups_test, len(y_te))
+        val = _own_validation(spec, groups, groups_te, len(y_te))
     else:
         val = P.validation_like([labels[p] for p in parts], y_te.numpy(), spec.val_per_client, rng)
     data = build_federated(x, y, x_te, y_te, parts, val, num_classes, spec.name)
@@ -235,8 +243,8 @@ def _own_validation(
         )
     if len(groups_te) != n_te:
         raise ConfigError(
-            f"data.val_mode: got 'own', but the held-out rows were replaced ({n_te} rows for "
-            f"{len(groups_te)} test group ids; data.heldout=train); use the test split",
+            f"data.val_mode: got 'own', but data.name={spec.name} gives {len(groups_te)} test "
+            f"group ids for {n_te} held-out rows; give one per row",
             key="data.val_mode",
         )
     return P.validation_own(groups, groups_te)
