@@ -581,3 +581,10 @@ def test_a_nodes_parameters_of_a_type_no_key_holds_are_refused_before_they_are_a
                        r"the type tuple, expected one a config key can hold: int, float"):  # fmt: skip
         catalog.extend_node("model", Params)
     assert before == catalog.NODE_PARAMS
+
+
+def test_hf_disk_without_the_datasets_package_says_how_to_install_it(tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "datasets", None)  # import datasets raises ImportError
+    with pytest.raises(ConfigError, match=r"^data\.name: got 'hf_disk', which needs the package "
+                       r"datasets; install it with pip install 'lit_fedco\[hf\]'"):  # fmt: skip
+        build("data.name=hf_disk", f"data.data_dir={tmp_path}")
