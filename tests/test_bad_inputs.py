@@ -183,6 +183,14 @@ CASES = [
     case("lr-without-its-updater", ["lr=0.1"], r"lr: unknown config key \(from the command line\); did you mean 'comfedl\.lr'\? \(each updater of this run has its own: comfedl\.lr, drfl\.lr, qfedavg\.lr, fedavg\.lr"),
     case("variants-repeated", ["variants=[rounds=3,rounds=3]"], r"variants: got variants\[0\] 'rounds=3' and variants\[1\] 'rounds=3', which run the same config, expected distinct variants"),
     case("variants-same-config", ["variants=['rounds=3 seed=0',rounds=3]"], r"variants: got variants\[0\] 'rounds=3 seed=0' and variants\[1\] 'rounds=3', which run the same config"),
+    case("server-opt-lbfgs", ["server_opt.name=LBFGS"], r"server_opt\.name: got 'LBFGS', expected empty, one of \[.*\] or a torch\.optim class that steps on dense pseudo-gradients of any shape without a closure \(ASGD, .*Adam, .*SGD\)"),
+    case("server-opt-sparse-adam", ["server_opt.name=SparseAdam"], r"server_opt\.name: got 'SparseAdam', expected empty"),
+    case("server-opt-muon", ["server_opt.name=Muon"], r"server_opt\.name: got 'Muon', expected empty"),
+    case("batch-size-absurd", ["batch_size=1000000000"], r"batch_size: got 1000000000, expected an int in \[1, \d+\] \(the training rows of all the clients together"),
+    case("resume-dev-zero", ["resume=/dev/zero", "updater=fedavg", "seeds=[0]"], r"resume: /dev/zero is not a regular file \(a device, FIFO or socket\), expected a checkpoint file"),
+    case("resume-fifo", ["resume={d}/fifo", "updater=fedavg", "seeds=[0]"], r"resume: .*/fifo is not a regular file \(a device, FIFO or socket\)"),
+    case("resume-folder", ["resume={d}/empty", "updater=fedavg", "seeds=[0]"], r"resume: .*/empty is a folder, expected a checkpoint file"),
+    case("init-from-urandom", ["init_from=/dev/urandom"], r"init_from: /dev/urandom is not a regular file \(a device, FIFO or socket\)"),
     case("clients-without-cohort", ["data.num_clients=5"], r"cohort: got 10, expected an int in \[1, 5\] \(K = 5; with another data\.num_clients, set cohort too\); set e\.g\. cohort=5$"),
     case("updater-and-updaters", ["updater=comfedl", "updaters=[fedavg]"], r"updaters: given twice \('updater=comfedl', then 'updaters=\[fedavg\]'\)"),
     case("dot-key", [".rounds=5"], r"command line: got '.rounds=5', whose key '.rounds' is not a config key"),
@@ -290,6 +298,7 @@ def bad_data(tmp_path_factory) -> Path:
         "root:x:0:0:root:/root:/bin/bash\n" + "daemon:x:1:1::/:/bin/sh\n" * 40
     )
     (d / "recipe_file").mkdir()
+    os.mkfifo(d / "fifo")  # resume= of it must not wait for a writer
     (d / "recipe_file" / "comfedl_dro").write_text("not a folder\n")
     (d / "loop").mkdir()
     (d / "loop" / "a").symlink_to(d / "loop" / "b")

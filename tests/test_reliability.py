@@ -5,6 +5,8 @@
   trains another objective than its problem's own is flagged in one line.
 - A value outside an enumeration or range the catalog knows, or an updater or seed given twice,
   is refused in one line before torch is imported (the near miss offered as the example).
+- What was accepted and then crashed: one client, ``WANDB_MODE=' OFFLINE '``, crafted
+  checkpoints (integer or ``meta`` weights, a negative round) with a valid checksum.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from lit_fedco.config import catalog, helptext
 from lit_fedco.problems import available_problems, get_problem
 from lit_fedco.recipes.ds_feddro import DEFAULTS as DS_DEFAULTS
 from lit_fedco.updaters.base import _REGISTRY
-from tests.helpers import digits_data
+from tests.helpers import digits_data, override
 
 QUICK = ["seeds=[0]", "rounds=1", "eval_every=1", "progress=false", "tracking=[csv]"]
 
@@ -207,3 +209,88 @@ def test_the_checks_read_the_names_from_the_modules_that_define_them():
     cfg = load_config([], DEFAULTS)
     cfg.model.name, cfg.data.name = "my_models:MyNet", "my_data:load"
     check_values(cfg)
+
+
+# ------------------------------------------------------- accepted, then crashed (defect 12)
+def test_one_client_runs_and_is_evaluated(tmp_path):
+    from lit_fedco.recipes.comfedl_dro import DEFAULTS
+
+    out = tmp_path / "out"
+    argv = ["updaters=[comfedl,fedavg]", "data.num_clients=1", "cohort=1", *QUICK,
+            f"out_dir={out}", "run_name=one"]  # fmt: skip
+    rows = dict(cli.run("comfedl_dro", DEFAULTS, argv))
+    assert set(rows) == {"comfedl", "fedavg"}
+    status = json.loads((out / "comfedl_dro" / "one" / "comfedl-seed0" / "status.json").read_text())
+    assert status["state"] == "complete" and len(status["per_client"]) == 1
+    assert rows["comfedl"][0]["dro/weight_client0"] == 1.0  # one client: all the weight
+
+
+def test_wandb_mode_is_passed_on_as_it_was_checked(monkeypatch):
+    import os
+
+    from lit_fedco.report.tracking import wandb_mode
+
+    monkeypatch.setenv("WANDB_MODE", " OFFLINE ")
+    assert wandb_mode() == "offline" and os.environ["WANDB_MODE"] == "offline"
+
+
+def _crafted(tmp_path, change) -> tuple[list[str], object]:
+    """A real 2-round run, its last checkpoint altered by ``change`` and written back with a
+    valid checksum, then ``resume=`` of it: the process's stderr lines and exit code."""
+    import contextlib
+    import io
+
+    import torch
+
+    from lit_fedco.experiment import checkpoint as ckpt
+    from lit_fedco.recipes.comfedl_dro import DEFAULTS
+
+    out = tmp_path / "out"
+    base = ["updater=fedavg", "seeds=[0]", "rounds=2", "eval_every=1", "progress=false",
+            "tracking=[csv]", f"out_dir={out}"]  # fmt: skip
+    cli.run("comfedl_dro", DEFAULTS, [*base, "run_name=a"])
+    (last,) = ckpt.listing(out / "comfedl_dro" / "a" / "fedavg-seed0" / "checkpoints")[-1:]
+    content = ckpt.load(last)
+    change(content["loop"], torch)
+    crafted = tmp_path / "crafted.ckpt"
+    crafted.write_bytes(ckpt.encode(content))
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err), pytest.raises(SystemExit) as stop:
+        argv = override(base, ["rounds=3", f"resume={crafted}", "run_name=b"])
+        cli.run("comfedl_dro", DEFAULTS, argv)
+    assert not (out / "comfedl_dro" / "b").exists()
+    return err.getvalue().splitlines(), stop.value.code
+
+
+def _int_weight(loop, torch):
+    x = loop["server"]["x"]
+    name = next(iter(x))
+    x[name] = torch.ones_like(x[name], dtype=torch.int64)
+
+
+def _meta_weight(loop, torch):
+    x = loop["server"]["x"]
+    name = next(iter(x))
+    x[name] = torch.empty(x[name].shape, device="meta")
+
+
+def _negative_round(loop, torch):
+    loop["round"] = -5
+
+
+@pytest.mark.parametrize(
+    "change,line",
+    [
+        (_int_weight, r"resume: .*crafted\.ckpt holds loop\.server\.x\.\S+ as a torch\.int64 "
+         r"tensor, expected the floating-point parameter"),
+        (_meta_weight, r"resume: .*crafted\.ckpt holds loop\.server\.x\.\S+ = a torch\.strided "
+         r"torch\.float32 tensor on meta, expected a dense real tensor holding its values"),
+        (_negative_round, r"resume: .*crafted\.ckpt holds loop\.round = -5, expected an int >= 0"),
+    ],
+)  # fmt: skip
+def test_crafted_checkpoints_are_refused_in_one_line(change, line, tmp_path):
+    import re
+
+    lines, code = _crafted(tmp_path, change)
+    assert code == 2 and len(lines) == 1, lines
+    assert re.match(r"lit_fedco: " + line, lines[0]), lines[0]

@@ -64,7 +64,8 @@ class ServerOptConfig:
         if self.name and self.name not in OWN and _torch_class(self.name) is None:
             raise ConfigError.bad_value(
                 f"{key}.name", self.name, f"empty, one of {list(OWN)} or a torch.optim class "
-                "name (Adam, RMSprop, ...)", "adam",
+                f"that steps on dense pseudo-gradients of any shape without a closure "
+                f"({', '.join(torch_classes())})", "adam",
             )  # fmt: skip
         checks = {
             "lr": (self.lr > 0, "a float > 0 (η)", "0.01"),
@@ -79,7 +80,23 @@ class ServerOptConfig:
                                             example)  # fmt: skip
 
 
-def _torch_class(name: str) -> type[torch.optim.Optimizer] | None:
+TORCH_FIRST_ORDER = (
+    "ASGD", "Adadelta", "Adafactor", "Adagrad", "Adam", "AdamW", "Adamax", "NAdam", "RAdam",
+    "RMSprop", "Rprop", "SGD",
+)  # fmt: skip
+"""The ``torch.optim`` classes a server optimizer may name: first-order, stepping without a
+closure on dense gradients of every shape (not ``LBFGS``, whose step needs a closure,
+``SparseAdam``, sparse gradients only, or ``Muon``, 2-D parameters only)."""
+
+
+def torch_classes() -> list[str]:
+    """The names of :data:`TORCH_FIRST_ORDER` this torch has."""
+    return [n for n in TORCH_FIRST_ORDER if _torch_class(n, any_class=True) is not None]
+
+
+def _torch_class(name: str, any_class: bool = False) -> type[torch.optim.Optimizer] | None:
+    if not any_class and name not in TORCH_FIRST_ORDER:
+        return None
     cls = getattr(torch.optim, name, None)
     ok = isinstance(cls, type) and issubclass(cls, torch.optim.Optimizer)
     return cls if ok and cls is not torch.optim.Optimizer else None

@@ -174,6 +174,10 @@ class Evaluator:
             for name, extra in extras.items():
                 out[f"{split}/{name}"] = float(extra.compute())
             res = metric.compute()
+            res = {  # torchmetrics squeezes one client's [1] to 0-d: its vectors stay [K]
+                k: v.reshape(-1) if k.endswith(("_per_client", "_per_class")) else v
+                for k, v in res.items()
+            }
             out.update({f"{split}/{key}": float(v) for key, v in res.items() if v.dim() == 0})
             if split == "train":
                 w = self.updater.client_weights(server, res["loss_per_client"].to(dtype))

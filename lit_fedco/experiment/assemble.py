@@ -390,6 +390,21 @@ def check_vmappable(cfg: DictConfig) -> None:
             )
 
 
+def check_batch_size(batch_size: int, rows: int) -> None:
+    """``batch_size`` is at most the ``rows`` every client trains on together: a client's
+    minibatch is drawn from its own rows, and a larger one only allocates (a billion rows
+    asked for tens of GB before anything ran).
+
+    Raises:
+        ConfigError: naming the bound.
+    """
+    if batch_size > rows:
+        raise ConfigError.bad_value(
+            "batch_size", batch_size, f"an int in [1, {rows}] (the training rows of all the "
+            "clients together; each minibatch is drawn from one client's rows)", "32",
+        )  # fmt: skip
+
+
 def check_run(cfg: DictConfig, built: Assembly | None = None) -> None:
     """Every check that can fail on user input, before any process starts or file is written.
     The data and updaters it builds (for the run's first seed) are kept in ``built``."""
@@ -465,6 +480,7 @@ def check_run(cfg: DictConfig, built: Assembly | None = None) -> None:
     first = (seeds or [cfg.seed])[0]
     data = built.data(cfg, first)  # missing files, impossible splits
     loop_config(cfg, first).validate(data.num_clients, cfg.devices * cfg.num_nodes)
+    check_batch_size(cfg.batch_size, int(data.sizes("train").sum()))
     # model sizes, and an objective of the problem for each updater
     pairs = [built.updater(cfg, name, first) for name in cfg.updaters]
     for upd, problem in pairs:  # its minibatch sampler on every client (AUPRC: positives)

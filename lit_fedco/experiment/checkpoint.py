@@ -110,7 +110,7 @@ def load(path: Path, key: str = "resume") -> dict[str, Any]:
             one cut short or altered (its checksum fails), or one that does not unpickle.
     """
     try:
-        data = Path(path).read_bytes()
+        data = read_regular(Path(path), key)
     except OSError as err:
         example = f"(e.g. {key}=RUN/pretrain-seed0/pretrained.ckpt)"
         fix = "or resume=auto" if key == "resume" else example
@@ -142,7 +142,101 @@ def load(path: Path, key: str = "resume") -> dict[str, Any]:
         ) from None
     if not isinstance(content, dict) or "loop" not in content:
         raise CheckpointError(f"{key}: {path} holds no run state", key=key)
+    check_state(content["loop"], path, key)
     return content
+
+
+MAX_BYTES = 1 << 36
+"""The largest checkpoint read (64 GiB): a file claiming more is refused, not read into memory."""
+
+
+def read_regular(path: Path, key: str, limit: int = MAX_BYTES) -> bytes:
+    """The bytes of ``path``, a regular file of at most ``limit`` bytes: a device
+    (``/dev/zero``), a FIFO (whose open would wait for a writer) or a folder is refused before
+    it is opened.
+
+    Raises:
+        CheckpointError: not a regular file, or larger than ``limit``.
+        OSError: it cannot be read.
+    """
+    import stat
+
+    st = os.stat(path)
+    if not stat.S_ISREG(st.st_mode):
+        kind = "a folder" if stat.S_ISDIR(st.st_mode) else "not a regular file (a device, FIFO "
+        kind += "" if stat.S_ISDIR(st.st_mode) else "or socket)"
+        raise CheckpointError(
+            f"{key}: {path} is {kind}, expected a checkpoint file; give a .ckpt file written "
+            "by a lit_fedco run",
+            key=key,
+        )
+    if st.st_size > limit:
+        raise CheckpointError(
+            f"{key}: {path} holds {st.st_size} bytes, expected a checkpoint of at most {limit} "
+            "bytes; give a .ckpt file written by a lit_fedco run",
+            key=key,
+        )
+    with open(path, "rb") as f:
+        return f.read()
+
+
+def check_state(loop: Any, path: Path, key: str = "resume") -> None:
+    """The loop state of a checkpoint is what a run writes: a dict whose ``round`` is an int
+    >= 0 and whose tensors are dense, real and hold their values (not ``meta``).
+
+    Raises:
+        CheckpointError: naming the first entry that is not.
+    """
+
+    def refuse(where: str, got: str, expected: str) -> None:
+        raise CheckpointError(
+            f"{key}: {path} holds {where} = {got}, expected {expected} as lit_fedco writes it; "
+            "use another checkpoint of the run",
+            key=key,
+        )
+
+    if not isinstance(loop, dict):
+        refuse("loop", type(loop).__name__, "a dict")
+    r = loop.get("round", 0)
+    if isinstance(r, bool) or not isinstance(r, int) or r < 0:
+        refuse("loop.round", repr(r), "an int >= 0")
+
+    def walk(x: Any, where: str) -> None:
+        if isinstance(x, Tensor):
+            if x.is_meta or x.layout != torch.strided or x.is_complex():
+                refuse(where, f"a {x.layout} {x.dtype} tensor on {x.device}", "a dense real "
+                       "tensor holding its values")  # fmt: skip
+        elif isinstance(x, dict):
+            for k, v in x.items():
+                walk(v, f"{where}.{k}")
+        elif isinstance(x, list | tuple):
+            for i, v in enumerate(x):
+                walk(v, f"{where}[{i}]")
+
+    walk(loop, "loop")
+
+
+def check_params(loop: dict[str, Any], names: set[str], path: Path, key: str = "resume") -> None:
+    """Every entry of the loop state named like one of the model's parameters (``names``) is
+    a floating-point tensor (a crafted integer weight is refused, not cast and trained).
+
+    Raises:
+        CheckpointError: naming the entry.
+    """
+
+    def walk(x: Any, where: str) -> None:
+        if isinstance(x, dict):
+            for k, v in x.items():
+                if k in names and isinstance(v, Tensor) and not v.is_floating_point():
+                    raise CheckpointError(
+                        f"{key}: {path} holds {where}.{k} as a {v.dtype} tensor, expected the "
+                        "floating-point parameter lit_fedco writes; use another checkpoint of "
+                        "the run",
+                        key=key,
+                    )
+                walk(v, f"{where}.{k}")
+
+    walk(loop, "loop")
 
 
 # ---------------------------------------------------------------------- a folder of them

@@ -181,6 +181,8 @@ def wandb_mode() -> str:
         raise ConfigError.bad_value(
             "WANDB_MODE", env, "one of 'online', 'offline', 'disabled' (or unset)", "offline"
         )
+    if os.environ["WANDB_MODE"] != env:  # ' OFFLINE ': wandb reads it as it was checked
+        os.environ["WANDB_MODE"] = env
     mode = _WANDB_MODES[env]
     if mode == "online" and not has_wandb_credentials():
         raise ConfigError(
