@@ -194,7 +194,7 @@ def test_damaml_stable_and_literal_directions_differ_by_one_positive_factor_per_
         for key in params:
             torch.testing.assert_close(us[key], factor * ul[key], rtol=1e-10, atol=1e-14)
     # at the broadcast point the client weights are K softmax(L/γ): the largest loss counts most
-    assert int(round_ctx.logged["weights"].argmax()) == int(probes.argmax())
+    assert int(round_ctx.cohort_weights.argmax()) == int(probes.argmax())
     # the logged step weight is the multiplier f′(L) of the MAML direction, in both forms
     meta = MetaLearning(model, inner_lr=0.05)
     for b in batches:

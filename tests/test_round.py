@@ -5,6 +5,7 @@ is known, plus the shape of the engine (one local-steps loop, short functions)."
 from __future__ import annotations
 
 import ast
+import math
 import statistics
 from dataclasses import dataclass
 from pathlib import Path
@@ -155,6 +156,22 @@ def test_round_context_weights_replace_the_declared_aggregation_and_cost_no_traf
     w = [0.5 - 0.25 * 2 * s * (0.5 - t) for s, t in TARGETS]
     assert float(res.server["x"]["w"]) == pytest.approx((w[0] + 3 * w[2]) / 4, rel=1e-14)
     assert (res.traffic.up, res.traffic.down) == (1.0, 1.0)  # w up, w down: nothing else
+
+
+def test_what_the_round_context_only_logs_is_logged_by_name():
+    class Logging(FedAvg[Hparams]):
+        """FedAvg whose context carries DRO weights and a scalar, only logged."""
+
+        def round_context(self, server, info, probe):
+            w = torch.tensor([0.5, 0.25, 0.25], dtype=torch.float64)
+            return RoundContext(cohort_weights=w, logged={"temperature": torch.tensor(2.0)})
+
+    res = one_round(build(Logging, lr=0.25))
+    assert res.logs["dro/cohort_weight_max"] == 0.5
+    entropy = -(0.5 * math.log(0.5) + 0.5 * math.log(0.25))
+    assert res.logs["dro/cohort_weight_entropy"] == pytest.approx(entropy)
+    assert res.logs["round/temperature"] == 2.0
+    assert res.traffic.up == 1.0  # nothing of it is sent
 
 
 def test_per_client_rows_reach_their_own_client_only():

@@ -127,7 +127,9 @@ class RoundContext:
             row.
         server: kept on the server for ``server_update``; by default merged into the server
             state (FedDRO's units of the carried inner estimate).
-        logged: only logged (the implied DRO weights of the cohort).
+        cohort_weights: the implied DRO weights of the cohort (``[m]``, cohort order), only
+            logged: ``dro/cohort_weight_max`` and ``dro/cohort_weight_entropy``. None: none.
+        logged: scalars only logged, each as ``round/<key>``.
         weights: the weight of each cohort client's upload (``[m]``, cohort order) in the
             server's means of the ``ROUND`` entries, ``Σ_k w_k u_k / Σ_k w_k`` (DRFL's λ_k):
             the server applies them, so nothing is sent for them. None: the updater's
@@ -137,6 +139,7 @@ class RoundContext:
     broadcast: dict[str, Any] = field(default_factory=dict)
     per_client: dict[str, Tensor] = field(default_factory=dict)
     server: dict[str, Any] = field(default_factory=dict)
+    cohort_weights: Tensor | None = None
     logged: dict[str, Tensor] = field(default_factory=dict)
     weights: Tensor | None = None
 

@@ -96,6 +96,31 @@ class RoundResult:
     context: RoundContext
 
 
+@dataclass(frozen=True)
+class Counts:
+    """The round's counts, summed over the processes in the round's one collective (as one
+    tensor, in this order).
+
+    Attributes:
+        participants: clients that completed at least one local step (their uploads count).
+        client_steps: local steps run, over all clients.
+        dropped: clients that completed no step.
+        partial: clients that stopped before step I.
+        samples: the participants' training samples.
+    """
+
+    participants: float
+    client_steps: float
+    dropped: float
+    partial: float
+    samples: float
+
+    @classmethod
+    def of(cls, total: dict[str, Any]) -> Counts:
+        """The counts of a summed payload (:func:`aggregate`)."""
+        return cls(*(float(v) for v in total["counts"].tolist()))
+
+
 @dataclass
 class _Round:
     """One round's bookkeeping: who runs here, how far each client gets, what was sent."""
@@ -478,17 +503,17 @@ def aggregate(
     sync = r.upd.client_state
     ups = {k: states[k] for k, s in sync.items() if s is Sync.ROUND and k in states}
     sizes = r.info.sizes[r.positions][took] if r.info.sizes is not None else torch.zeros(0)
-    counts = [
-        float(took.sum()),  # participants
-        float(r.n * steps if done is None else done.sum()),  # client-steps that ran
-        0.0 if done is None else float((done == 0).sum()),  # dropped
-        0.0 if done is None else float(((done > 0) & (done < steps)).sum()),  # stopped early
-        float(sizes.sum()),  # the participants' training samples
-    ]
+    counts = Counts(
+        participants=float(took.sum()),
+        client_steps=float(r.n * steps if done is None else done.sum()),
+        dropped=0.0 if done is None else float((done == 0).sum()),
+        partial=0.0 if done is None else float(((done > 0) & (done < steps)).sum()),
+        samples=float(sizes.sum()),
+    )
     payload: dict[str, Any] = {
         "up": tree_map(lambda v: _sum_rows(v, finished, weights), ups),
         "logs": log_sum,
-        "counts": torch.tensor(counts, dtype=r.comm.dtype, device=device),
+        "counts": torch.tensor(dataclasses.astuple(counts), dtype=r.comm.dtype, device=device),
     }
     if weights is not None:
         payload["weight"] = _sum_rows(weights.to(r.comm.dtype), finished)
@@ -518,7 +543,8 @@ def server_step(
     model (the change the update proposes is its pseudo-gradient). Nothing when every client
     dropped out."""
     upd = r.upd
-    n_up, samples = round(float(total["counts"][0])), float(total["counts"][4])
+    counts = Counts.of(total)
+    n_up, samples = round(counts.participants), counts.samples
     if not n_up:
         return server
     mean = tree_map(lambda v: v / n_up, total["up"])
@@ -597,7 +623,7 @@ def federated_round(
     new_server = server_step(r, server, total, step_mean, ctx, server_opt)
     if store is not None and store.rows:
         write_back(r, store, states)
-    r.up += round(float(total["counts"][0])) * numel(total["up"])
+    r.up += round(Counts.of(total).participants) * numel(total["up"])
     traffic = Traffic(r.up / r.m, r.down / r.m)
     return RoundResult(new_server, round_logs(r, total, ctx), traffic, ctx)
 
@@ -617,7 +643,10 @@ def round_logs(r: _Round, total: dict[str, Any], ctx: RoundContext) -> dict[str,
     """The round's logs: the step logs' means over the client-steps that ran, the failures'
     counts (when clients can fail) and the round context's weights."""
     m, steps = r.m, r.info.local_steps
-    n_steps, n_dropped, n_partial = (round(float(c)) for c in total["counts"][1:4])
+    counts = Counts.of(total)
+    n_steps, n_dropped, n_partial = (
+        round(c) for c in (counts.client_steps, counts.dropped, counts.partial)
+    )
     if n_steps == m * steps:  # every client ran every step
         out = {f"train/{k}": float(v / m) / steps for k, v in total["logs"].items()}
     else:
@@ -626,8 +655,9 @@ def round_logs(r: _Round, total: dict[str, Any], ctx: RoundContext) -> dict[str,
         out["failures/dropped"] = float(n_dropped)
         out["failures/partial"] = float(n_partial)
         out["failures/steps_completed_mean"] = n_steps / m
-    if "weights" in ctx.logged:
-        w = ctx.logged["weights"]
+    w = ctx.cohort_weights
+    if w is not None:
         out["dro/cohort_weight_max"] = float(w.max())
         out["dro/cohort_weight_entropy"] = float(-(w * w.clamp_min(1e-30).log()).sum())
+    out.update({f"round/{k}": float(v) for k, v in ctx.logged.items()})
     return out

@@ -75,7 +75,7 @@ def kl_round_context(probes: Tensor, gamma: float) -> RoundContext:
     (broadcast), and the implied weights ``softmax(L/γ)`` (logged)."""
     c, z = shift_and_norm(probes, gamma)
     return RoundContext(
-        broadcast={"shift": c, "norm": z}, logged={"weights": kl_dro_weights(probes, gamma)}
+        broadcast={"shift": c, "norm": z}, cohort_weights=kl_dro_weights(probes, gamma)
     )
 
 

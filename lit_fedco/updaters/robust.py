@@ -87,7 +87,7 @@ class DRFL(FedAvg[DRFLHparams]):
         losses = lam.new_zeros(lam.shape).index_copy(0, cohort, losses_c)
         scale = lam.new_tensor(len(lam) / len(cohort))
         return RoundContext(
-            server={"ascent": scale * losses}, logged={"weights": lam}, weights=lam[cohort]
+            server={"ascent": scale * losses}, cohort_weights=lam, weights=lam[cohort]
         )
 
     def server_update(
