@@ -294,3 +294,31 @@ def test_crafted_checkpoints_are_refused_in_one_line(change, line, tmp_path):
     lines, code = _crafted(tmp_path, change)
     assert code == 2 and len(lines) == 1, lines
     assert re.match(r"lit_fedco: " + line, lines[0]), lines[0]
+
+
+# ------------------------------------------------------------ the record on resume (defect 6)
+def test_metrics_rows_that_do_not_fit_the_checkpoint_are_set_aside(tmp_path):
+    from lit_fedco.experiment.rundir import SET_ASIDE, History
+
+    rows = [{"round": r, "loss": 1.0 / r} for r in range(1, 22)]  # 21: logged after ckpt 20
+    text = "".join(json.dumps(r) + "\n" for r in rows)
+    text += '{"round": 99999}\n{"round": 1e400}\n{"round": 5, "loss": 7}\n{"round": "3"}\n'
+    (tmp_path / "metrics.jsonl").write_text(text)
+    h = History(tmp_path, resumed=20)
+    assert [r["round"] for r in h.rows] == list(range(1, 22)) and h.last_round == 21
+    assert len(h.notes) == 2 and all("\n" not in n for n in h.notes)
+    assert "line(s) 23, 25 cut short or unreadable, dropped" in h.notes[0]
+    assert "2 row(s) that do not fit the checkpoint's round 20 (rounds 99999, 5:" in h.notes[1]
+    aside = [json.loads(line) for line in (tmp_path / SET_ASIDE).read_text().splitlines()]
+    assert [r["round"] for r in aside] == [99999, 5]
+    h.append(22, {"loss": 0.5})  # the record goes on after the last round kept
+    h.close()
+    assert [r["round"] for r in History.read_file(tmp_path / "metrics.jsonl")][-2:] == [21, 22]
+
+
+def test_a_long_list_of_dropped_lines_is_one_short_line(tmp_path):
+    from lit_fedco.experiment.rundir import History
+
+    (tmp_path / "metrics.jsonl").write_text("not json\n" * 50_000)
+    (note,) = History(tmp_path).notes
+    assert "line(s) 1, 2, 3, 4, 5, ... (50000 in all) cut short" in note and len(note) < 300

@@ -242,6 +242,17 @@ def contents(run_dir: Path) -> str:
 
 
 # ---------------------------------------------------------------------- one sub-run
+SET_ASIDE = "metrics.set_aside.jsonl"
+"""Where :class:`History` moves the rows of ``metrics.jsonl`` that do not fit the checkpoint
+it resumes from (kept for a look, never read back)."""
+
+
+def _listed(values: list[Any], most: int = 5) -> str:
+    """``1, 2, 3, 4, 5, ... (50000 in all)``: a list of any length in a short line."""
+    shown = ", ".join(map(str, values[:most]))
+    return shown if len(values) <= most else f"{shown}, ... ({len(values)} in all)"
+
+
 class History:
     """Every round's logs of one (updater, seed): ``metrics.jsonl``, one line per round,
     appended and flushed as it happens; ``metrics.csv`` written from it when the sub-run ends
@@ -261,14 +272,24 @@ class History:
     def __init__(self, folder: Path, resumed: int = 0) -> None:
         self.jsonl, self.csv = folder / "metrics.jsonl", folder / "metrics.csv"
         self.rows, dropped = self.read_lines(self.jsonl)
-        self.last_round = max((int(r["round"]) for r in self.rows), default=0)
         self.notes: list[str] = []
         """What was dropped from, or is missing in, the record (to print)."""
         if dropped:
-            lines = ", ".join(map(str, dropped))
-            self.notes.append(f"{self.jsonl}: line(s) {lines} cut short or unreadable, dropped; "
-                              f"the other {len(self.rows)} rounds are kept")  # fmt: skip
+            self.notes.append(f"{self.jsonl}: line(s) {_listed(dropped)} cut short or unreadable, "
+                              f"dropped; the other {len(self.rows)} rounds are kept")  # fmt: skip
+        aside = self._fit(resumed)
+        if aside:
+            with open(folder / SET_ASIDE, "a") as f:
+                f.write("".join(json.dumps(r) + "\n" for r in aside))
+            self.notes.append(
+                f"{self.jsonl}: {len(aside)} row(s) that do not fit the checkpoint's round "
+                f"{resumed} (rounds {_listed([r['round'] for r in aside])}: repeated, out of "
+                f"order or beyond it) set aside in {SET_ASIDE} (never read back); the record "
+                f"keeps the other {len(self.rows)}"
+            )
+        if dropped or aside:
             write_text(self.jsonl, "".join(json.dumps(r) + "\n" for r in self.rows))
+        self.last_round = max((int(r["round"]) for r in self.rows), default=0)
         have = {int(r["round"]) for r in self.rows}
         lost = [r for r in range(1, resumed + 1) if r not in have]
         if lost:
@@ -279,6 +300,24 @@ class History:
                 "from the checkpoint, and those rounds stay missing from the record and figures"
             )
         self._file = open(self.jsonl, "a")  # noqa: SIM115 — kept open for the run
+
+    def _fit(self, resumed: int) -> list[dict[str, Any]]:
+        """Keep in :attr:`rows` the rounds 1..``resumed`` (each once, in order) and the rounds
+        that follow it one by one (a run stopped after its checkpoint logged them; it logs
+        them again, the same); return the other rows, which do not fit the checkpoint."""
+        self._read_count = len(self.rows)
+        kept: list[dict[str, Any]] = []
+        aside: list[dict[str, Any]] = []
+        last = 0
+        for row in self.rows:
+            n = row["round"]
+            if n <= last or (n > resumed and n != last + 1):
+                aside.append(row)
+            else:
+                kept.append(row)
+                last = n
+        self.rows = kept
+        return aside
 
     def read(self) -> list[dict[str, Any]]:
         """The complete lines of ``metrics.jsonl``."""
@@ -293,8 +332,10 @@ class History:
             for i, line in enumerate(path.read_text(errors="replace").splitlines(), 1):
                 try:
                     row = json.loads(line)
-                    int(row["round"])
+                    n = row["round"]
                 except (ValueError, TypeError, KeyError):
+                    n = None
+                if type(n) is not int or n < 1:  # a round is an int >= 1 (not 1e400, "3")
                     if line.strip():
                         dropped.append(i)
                     continue
