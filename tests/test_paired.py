@@ -64,6 +64,9 @@ def test_each_method_against_the_best_and_loss_ranks_lowest_first():
     named = against_best(rows, ["val/acc_avg"], reference="comfedl")
     assert {t.reference for t in named} == {"comfedl"}
     assert as_records(tests)[0]["method"] == "comfedl"
+    # a method that diverged on every seed has nothing to pair: no line
+    gone = [*rows, ("qfedavg", [{"diverged_round": 1}] * 3)]
+    assert "qfedavg" not in {t.method for t in against_best(gone, ["val/acc_avg"])}
     # one seed each: no test
     assert against_best([("a", [{"m": 1.0}]), ("b", [{"m": 2.0}])], ["m"]) == []
 

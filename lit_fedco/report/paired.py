@@ -120,6 +120,8 @@ def against_best(
             if label == best or len(values[label]) != len(values[best]):
                 continue
             n, mean, std, t, p = paired_t(values[label], values[best])  # type: ignore[arg-type]
+            if n == 0:  # diverged on every seed: the table says so, there is nothing to pair
+                continue
             out.append(Paired(metric, label, best, n, mean, std, t, p))
     return out
 
