@@ -349,16 +349,14 @@ class CompositionalUpdater(Generic[H]):
         hyperparameters of :class:`ServerOptHparams`); None: it has none."""
         if not self.server_optimizer:
             return None
-        hp, base = self.hparams, ServerOptConfig()
-        assert isinstance(hp, ServerOptHparams)
-        return ServerOptConfig(
-            self.server_optimizer,
-            hp.server_lr,
-            getattr(hp, "server_momentum", base.momentum),
-            getattr(hp, "beta1", base.beta1),
-            getattr(hp, "beta2", base.beta2),
-            getattr(hp, "tau", base.eps),
-        )
+        hp = self.hparams
+        if not isinstance(hp, ServerOptHparams):
+            raise TypeError(
+                f"{type(self).__name__} declares server_optimizer = {self.server_optimizer!r} "
+                f"but its hyperparameters {type(hp).__name__} are no ServerOptHparams; derive "
+                "them from lit_fedco.updaters.base.ServerOptHparams"
+            )
+        return hp.server_opt(self.server_optimizer)
 
     def describe(self) -> dict[str, Any]:
         """Logged with the run's config under ``describe``: the updater, its hyperparameters and
@@ -386,6 +384,12 @@ class ServerOptHparams(Hparams):
     def validate(self) -> None:
         super().validate()
         self.require("server_lr", self.server_lr > 0, "a float > 0 (η)", "0.01")
+
+    def server_opt(self, name: str) -> ServerOptConfig:
+        """The server optimizer ``name`` with these hyperparameters: here the step size; a
+        subclass with the optimizer's own fields passes them too (FedAvgM's momentum, the
+        adaptive methods' β₁, β₂, τ), the others at :class:`ServerOptConfig`'s defaults."""
+        return ServerOptConfig(name, lr=self.server_lr)
 
 
 def _generic_hparams(cls: type) -> type[Hparams] | None:

@@ -21,6 +21,7 @@ from typing import ClassVar
 from torch import Tensor
 
 from lit_fedco.core.protocol import StepInfo
+from lit_fedco.core.server_opt import ServerOptConfig
 from lit_fedco.core.state import State, foreach_axpy_, tree_axpy
 from lit_fedco.objectives.base import Batch, Context
 from lit_fedco.updaters.base import CompositionalUpdater, H, ServerOptHparams, combine, register
@@ -80,6 +81,10 @@ class FedAvgMHparams(ServerOptHparams):
         self.require("server_momentum", 0 <= self.server_momentum < 1, "a float in [0, 1)",
                      "0.9")  # fmt: skip
 
+    def server_opt(self, name: str) -> ServerOptConfig:
+        """``name`` with the server step size and momentum β."""
+        return ServerOptConfig(name, lr=self.server_lr, momentum=self.server_momentum)
+
 
 @dataclass(frozen=True)
 class AdaptiveHparams(ServerOptHparams):
@@ -103,6 +108,12 @@ class AdaptiveHparams(ServerOptHparams):
         self.require("beta1", 0 <= self.beta1 < 1, "a float in [0, 1) (β₁)", "0.9")
         self.require("beta2", 0 <= self.beta2 < 1, "a float in [0, 1) (β₂)", "0.99")
         self.require("tau", self.tau > 0, "a float > 0 (τ)", "0.001")
+
+    def server_opt(self, name: str) -> ServerOptConfig:
+        """``name`` with the server step size, β₁, β₂ and τ (the adaptivity, ``eps``)."""
+        return ServerOptConfig(
+            name, lr=self.server_lr, beta1=self.beta1, beta2=self.beta2, eps=self.tau
+        )
 
 
 FedAvgM = combine(
