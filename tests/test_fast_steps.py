@@ -1,11 +1,14 @@
-"""The fast forms of a client step give the same numbers as ``client_step``, bit for bit.
+"""The fast forms of a client step give the same numbers as ``client_step``.
 
 - Stacked (the vectorized executor without ``vmap``): the small models' stacked forwards, the
   plain objective's per-client values and the gradient of their sum equal ``vmap`` of the
-  per-client functions; FedAvg's rounds are the same with and without it.
-- In place (the sequential executor writing each client's step into its rows): FedAvg's rounds
-  are the same with and without it, also when clients stop early (the stopped ones step
-  out of place).
+  per-client functions; FedAvg's rounds are the same with and without it. Equal to
+  :data:`STACKED_TOL` of the dtype, not bit for bit: the stacked form multiplies with
+  ``baddbmm``, ``vmap`` with batched ``linear``, and which kernel (and so which order of the
+  sums) MKL and ATen pick for each depends on the CPU (AVX2 against AVX-512) and the shapes.
+- In place (the sequential executor writing each client's step into its rows), bit for bit:
+  FedAvg's rounds are the same with and without it, also when clients stop early (the
+  stopped ones step out of place).
 - Each is taken only where it is the updater's own (a subclass overriding ``client_step`` only
   is run through ``client_step``)."""
 
@@ -25,12 +28,25 @@ from lit_fedco.objectives.base import Objective, cross_entropy
 from lit_fedco.updaters.fedavg import FedAvg
 from tests.helpers import assert_executors_agree, flat_server, make_loop
 
+STACKED_TOL = {torch.float32: 1e-6, torch.float64: 1e-14}
+"""Absolute and relative tolerance between the stacked and the ``vmap`` forms: a few units in
+the last place of the values a 3-round run reaches (measured: 4.5e-8 and 8.3e-17 apart)."""
+
+
+def assert_close(got: torch.Tensor | np.ndarray, want: torch.Tensor | np.ndarray, dtype, msg=""):
+    """``got`` equals ``want`` to :data:`STACKED_TOL` of ``dtype``."""
+    tol = STACKED_TOL[dtype]
+    np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=tol, atol=tol, err_msg=msg)
+
+
 MODELS = [("logreg", (8,)), ("linear", (8,)), ("mlp", (8,)), ("mlp", (2, 2, 2))]
 
 
-def _clients(name: str, shape: tuple[int, ...], dtype: torch.dtype, n: int = 5, b: int = 7):
+def _clients(
+    name: str, shape: tuple[int, ...], dtype: torch.dtype, n: int = 5, b: int = 7, hidden: int = 6
+):
     g = torch.Generator().manual_seed(3)
-    net = build_model(name, shape, 4, 0, hidden=6)
+    net = build_model(name, shape, 4, 0, hidden=hidden)
     params = {
         k: v.detach().to(dtype) + 0.3 * torch.randn(n, *v.shape, generator=g, dtype=dtype)
         for k, v in net.named_parameters()
@@ -42,20 +58,27 @@ def _clients(name: str, shape: tuple[int, ...], dtype: torch.dtype, n: int = 5, 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 @pytest.mark.parametrize("name,shape", MODELS)
-def test_stacked_forward_values_and_gradients_equal_vmap_bit_for_bit(name, shape, dtype):
-    net, params, x, y = _clients(name, shape, dtype)
+@pytest.mark.parametrize("clients,width", [((5, 7), 6), ((4, 8), 16), ((1, 8), 16)])
+def test_stacked_forward_values_and_gradients_equal_vmap(name, shape, dtype, clients, width):
+    """Also at the digits run's widths (16 hidden units, batches of 8), where the kernels of the
+    two forms sum in another order on this CPU (float64 forwards, float32 gradients)."""
+    shape = (64,) if width > 6 else shape  # the digits' 64 features
+    net, params, x, y = _clients(name, shape, dtype, *clients, hidden=width)
     assert stacks(net)
-    assert torch.equal(call_stacked(net, params, x), vmap(lambda p, v: call(net, p, v))(params, x))
+    with torch.no_grad():
+        forward = call_stacked(net, params, x)
+        assert_close(forward, vmap(lambda p, v: call(net, p, v))(params, x), dtype)
     obj = Objective(net)
     batches = {"inner": {"x": x, "y": y}}
     assert obj.stacks()
     values = obj.values(params, batches, {})
-    assert torch.equal(values, vmap(obj.value, in_dims=(0, 0, None))(params, batches, {}))
+    assert_close(values, vmap(obj.value, in_dims=(0, 0, None))(params, batches, {}), dtype)
     got_g, got_v = stacked_grad_and_value(lambda p: obj.values(p, batches, {}))(params)
     want_g, want_v = vmap(func_gv(obj.value), in_dims=(0, 0, None))(params, batches, {})
-    assert torch.equal(got_v, want_v) and not got_v.requires_grad
+    assert_close(got_v, want_v, dtype)
+    assert not got_v.requires_grad
     for k in params:
-        assert torch.equal(got_g[k], want_g[k]), k
+        assert_close(got_g[k], want_g[k], dtype, k)
         assert not got_g[k].requires_grad
 
 
@@ -126,10 +149,10 @@ def test_only_the_updaters_own_stacked_step_runs():
 
 @pytest.mark.parametrize("name", ["fedavg", "fedadam", "scaffold"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
-def test_rounds_equal_vmapped_steps_bit_for_bit(name, dtype, monkeypatch):
+def test_rounds_equal_vmapped_steps(name, dtype, monkeypatch):
     """Whole runs (cohort 4 of 6, 3 local steps, 3 rounds; SCAFFOLD with its kept c_i): the
-    stacked step against the same run with ``vmap`` of ``client_step``; and a process running
-    no client (``n = 0``)."""
+    stacked step against the same run with ``vmap`` of ``client_step``, to
+    :data:`STACKED_TOL` (server state and logs); and a process running no client (``n = 0``)."""
     servers, logs = [], []
     for stacked in (True, False):
         loop = make_loop(name, {"lr": 0.1}, dtype=dtype, model="mlp")
@@ -138,10 +161,10 @@ def test_rounds_equal_vmapped_steps_bit_for_bit(name, dtype, monkeypatch):
         monkeypatch.setattr(type(loop.updater), "stacked", lambda self: False)
         servers.append(flat_server(loop))
         logs.append(loop.history[-1])
-    assert np.array_equal(servers[0], servers[1])
-    assert {k: v for k, v in logs[0].items() if not k.startswith("time")} == {
-        k: v for k, v in logs[1].items() if not k.startswith("time")
-    }
+    assert_close(servers[0], servers[1], dtype)
+    assert logs[0].keys() == logs[1].keys()
+    for k in (k for k in logs[0] if not k.startswith("time")):
+        assert logs[0][k] == pytest.approx(logs[1][k], rel=STACKED_TOL[dtype], abs=1e-12), k
     # a process that runs none of the cohort: a phantom row, 0 rows out, the logs' shapes kept
     net = build_model("logreg", (8,), 4, 0)
     upd = FedAvg(FedAvg.hparams_cls(lr=0.1), net)
