@@ -89,6 +89,15 @@ class Wide(nn.Module):
         return self.fc(x.flatten(1))
 
 
+def bn_mlp(input_shape, num_classes):
+    """A factory: an MLP with a batch norm, for any input shape."""
+    n = 1
+    for s in input_shape:
+        n *= s
+    return nn.Sequential(nn.Flatten(), nn.Linear(n, 16), nn.BatchNorm1d(16), nn.ReLU(),
+                         nn.Linear(16, num_classes))
+
+
 def wrong_outputs(input_shape, num_classes):
     return nn.Sequential(nn.Flatten(), nn.Linear(64, num_classes + 1))
 
@@ -290,10 +299,12 @@ def test_char_lstm_reads_token_ids_and_does_not_vmap():
 
 
 # ---------------------------------------------------------------------- the command line
-def _cli(args: list[str], cwd: Path, timeout: int = 300) -> subprocess.CompletedProcess:
+def _cli(
+    args: list[str], cwd: Path, timeout: int = 300, recipe: str = "comfedl_dro"
+) -> subprocess.CompletedProcess:
     env = {**os.environ, "WANDB_MODE": "offline", "PYTHONPATH": str(cwd)}
     return subprocess.run(
-        [sys.executable, "-m", "lit_fedco.recipes.comfedl_dro", *args],
+        [sys.executable, "-m", f"lit_fedco.recipes.{recipe}", *args],
         cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout,
     )  # fmt: skip
 
@@ -346,7 +357,7 @@ def test_a_batch_norm_model_from_outside_runs_with_its_keys_and_local_buffers(la
     assert "name: my_models:BNNet" in cfg and "width: 4" in cfg and "buffers: average" in cfg
     # the probe: it runs under vmap, but a convolutional model is faster client by client
     assert "executor: sequential" in cfg
-    assert "a convolutional model runs faster client by client on the CPU" in res.stderr
+    assert "executor_reason: a convolutional model runs faster client by client on the CPU" in cfg
     res = _cli([*common, "run_name=local", "model.buffers=local"], lab)
     assert res.returncode == 0, res.stderr[-3000:]
     help_text = _cli(["model.name=my_models:BNNet", "--help-all"], lab).stdout
@@ -360,15 +371,14 @@ def test_executor_auto_takes_the_sequential_executor_for_a_model_that_cannot_vma
                 "seeds=[0]", "progress=false", "tracking=[csv]", f"out_dir={out}",
                 "run_name=d"], lab)  # fmt: skip
     assert res.returncode == 0, res.stderr[-3000:]
-    assert "executor=auto: sequential for model.name=my_models:dropout_mlp" in res.stderr
-    assert "executor: sequential" in (out / "comfedl_dro" / "d" / "config.yaml").read_text()
+    cfg = (out / "comfedl_dro" / "d" / "config.yaml").read_text()
+    assert "executor: sequential" in cfg
+    assert "executor_reason: 'it does not run under vmap: RuntimeError: vmap: called random" in cfg
     args = ["model.name=my_models:Wide", "updaters=[fedavg]", "rounds=2", "seeds=[0]"]
     res = _cli([*args, "progress=false", "tracking=[csv]", f"out_dir={out}", "run_name=w"], lab)
     assert res.returncode == 0, res.stderr[-3000:]
-    assert "executor=auto: vectorized for model.name=my_models:Wide (it runs under vmap)" in (
-        res.stderr
-    )
-    assert "executor: vectorized" in (out / "comfedl_dro" / "w" / "config.yaml").read_text()
+    cfg = (out / "comfedl_dro" / "w" / "config.yaml").read_text()
+    assert "executor: vectorized" in cfg and "executor_reason: it runs under vmap" in cfg
 
 
 def test_the_example_model_module_is_importable():
@@ -513,3 +523,76 @@ def test_a_server_optimizer_steps_the_parameters_and_averages_the_statistics(nam
     if name == "fedadam":  # FedAvgM's first step, from zero momentum, is FedAvg's
         assert not torch.equal(out[name]["conv.weight"], out["fedavg"]["conv.weight"])
     assert list(out[name]) == list(out["fedavg"])  # parameters, then the statistics
+
+
+def test_the_server_takes_the_clients_mean_statistics_whatever_its_update():
+    """q-FedAvg uploads Δ and h, not the model, and its server step is no mean: the server's
+    statistics are still the clients' mean (FedAvg's, whose clients train alike), and the
+    statistics do not count in the norm of the model's change (h)."""
+    torch.manual_seed(0)
+    model = Net()
+    steps = _batches(2, 3)
+    info = RoundInfo(0, 2, torch.arange(2), 3, 0)
+    out = {}
+    for name in ("fedavg", "qfedavg"):
+        cls = get_updater(name)
+        upd = cls(cls.hparams_cls(lr=0.1), model)
+        server = upd.init_server(upd.params(), 2)
+        res = federated_round(upd, server, info, torch.arange(2), lambda t: steps[t], _comm(),
+                              SequentialExecutor())  # fmt: skip
+        out[name] = res.server["x"]
+    for stat in running_stats(model):
+        torch.testing.assert_close(out["qfedavg"][stat], out["fedavg"][stat], rtol=0, atol=1e-7)
+    cls = get_updater("qfedavg")
+    upd = cls(cls.hparams_cls(lr=0.1, q=1.0), model)
+    start = upd.init_server(upd.params(), 1)["x"]
+    moved = {k: v + (10.0 if k in running_stats(model) else 0.1) for k, v in start.items()}
+    f = torch.tensor(2.0)
+    end = upd.client_end({"x": moved, "F": f}, {"x": start}, {}, torch.tensor(1.0))
+    n_params = sum(v.numel() for k, v in start.items() if k not in running_stats(model))
+    torch.testing.assert_close(end["h"], 10.0 * f + 1.0 * n_params * 1.0**2 * 100 * 0.01)
+
+
+@pytest.mark.slow
+def test_models_the_run_cannot_train_are_refused_before_anything_is_written(lab):
+    cases = [
+        (["model.name=my_models:bn_mlp", "updaters=[gcivr]"], "gcivr cannot train"),
+        (["model.name=my_models:dropout_mlp", "executor=vectorized"], "draws random numbers"),
+    ]  # fmt: skip
+    (lab / "more_models.py").write_text(
+        "from dataclasses import dataclass\nfrom torch import nn\n\n\n"
+        "class NoDefault(nn.Module):\n"
+        "    @dataclass(frozen=True)\n    class Params:\n        width: int\n\n"
+        "    def __init__(self, input_shape, num_classes, params=None):\n"
+        "        super().__init__()\n        self.fc = nn.Linear(64, num_classes)\n\n"
+        "class Clash(NoDefault):\n"
+        "    @dataclass(frozen=True)\n    class Params:\n        hidden: int = 3\n"
+    )
+    cases += [
+        (["model.name=more_models:NoDefault"], "Params.width has no default"),
+        (["model.name=more_models:Clash"], "clashes with lit_fedco's own key model.hidden"),
+    ]
+    for args, message in cases:
+        out = lab / "runs"
+        recipe = "feddro_fairness" if "gcivr" in str(args) else "comfedl_dro"
+        res = _cli([*args, "rounds=1", "seeds=[0]", "progress=false", "tracking=[csv]",
+                    f"out_dir={out}"], lab, recipe=recipe)  # fmt: skip
+        lines = res.stderr.strip().splitlines()
+        assert res.returncode == 2 and len(lines) == 1 and message in lines[0], res.stderr[-2000:]
+        assert not out.exists()
+
+
+@pytest.mark.slow
+def test_a_batch_norm_model_under_maml_runs_sequentially_and_the_reason_is_recorded(lab):
+    out = lab / "runs"
+    env = {**os.environ, "WANDB_MODE": "offline", "PYTHONPATH": str(lab)}
+    res = subprocess.run(
+        [sys.executable, "-m", "lit_fedco.recipes.comfedl_maml", "model.name=my_models:BNNet",
+         "updaters=[comfedl_maml]", "rounds=1", "seeds=[0]", "progress=false",
+         "tracking=[csv]", f"out_dir={out}", "run_name=m"],
+        cwd=lab, env=env, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert res.returncode == 0, res.stderr[-3000:]
+    cfg = (out / "comfedl_maml" / "m" / "config.yaml").read_text()
+    assert "executor: sequential" in cfg
+    assert "executor_reason: comfedl_maml differentiates through batch norms" in cfg

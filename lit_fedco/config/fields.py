@@ -213,6 +213,8 @@ class RunConfig:
             otherwise, as measured; the run's ``config.yaml`` records the choice),
             ``vectorized`` (vmap over clients) or ``sequential`` (a loop).
         chunk_size: clients per vmap call (0: all of a rank's cohort at once).
+        executor_reason: set by ``executor=auto``, not by hand: why it chose the executor
+            (recorded in ``config.yaml``).
         fast_steps: run an updater's fast forms of its step where it has them (FedAvg's and
             SCAFFOLD's stacked and in-place steps); false: every step through ``client_step``,
             with the same numbers (to check a method's fast form, or to time without it).
@@ -283,6 +285,7 @@ class RunConfig:
     executor: str = "auto"
     chunk_size: int = 0
     fast_steps: bool = True
+    executor_reason: str = ""
     dtype: str = "float32"
     accelerator: str = "cpu"
     devices: int = 1

@@ -592,7 +592,28 @@ def model_factory(ref: str) -> tuple[Callable[..., nn.Module], type | None]:
             "(its fields are the model.* keys); decorate it with @dataclasses.dataclass",
             key="model.name",
         )
-    return obj, params_cls if isinstance(params_cls, type) else None
+    if isinstance(params_cls, type):
+        for f in dataclasses.fields(params_cls):
+            no_default = f.default is dataclasses.MISSING
+            if no_default and f.default_factory is dataclasses.MISSING:
+                raise ConfigError(
+                    f"model.name: {ref}.Params.{f.name} has no default; give every field of "
+                    "Params a default (the model.* key's value when none is set)",
+                    key="model.name",
+                )
+            if f.name in MODEL_KEYS:
+                raise ConfigError(
+                    f"model.name: {ref}.Params.{f.name} clashes with lit_fedco's own key "
+                    f"model.{f.name}; rename the field (lit_fedco's keys: "
+                    f"{', '.join(MODEL_KEYS)})",
+                    key="model.name",
+                )
+        return obj, params_cls
+    return obj, None
+
+
+MODEL_KEYS = ("name", "hidden", "buffers")
+"""lit_fedco's own ``model.*`` keys, which a researcher's ``Params`` may not reuse."""
 
 
 def _import_failed(module: str, err: BaseException) -> ConfigError:

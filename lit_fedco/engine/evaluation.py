@@ -117,9 +117,15 @@ class Evaluator:
             return store.read(self.clients)[self.updater.personal_key]
         assert self.support is not None
         x = broadcast(self.updater.eval_params(server), n)
+        if self.local_stats:  # adapted from the client's own statistics
+            x = {**x, **self._own_stats(store)}
         support = {"x": self.data.x_train[self.support], "y": self.data.y_train[self.support]}
         adapt, objective = self.problem.adapt_for_eval, self.updater.objective
         return self.executor.map(lambda s, b, c: adapt(objective, s, b), x, support, {}, n)
+
+    def _own_stats(self, store: ClientStore) -> State:
+        """The running statistics each evaluated client keeps (``model.buffers=local``)."""
+        return store.read(self.clients)[LOCAL_STATS] if LOCAL_STATS in store.rows else {}
 
     def _outputs(self, params: Any, split: str) -> Iterator[tuple[Tensor, Tensor, Tensor]]:
         """``(logits, targets, client)`` chunks of this process's rows of ``split``: with the
@@ -157,10 +163,8 @@ class Evaluator:
             if self.support is not None
             else self.updater.eval_params(server)
         )
-        if self.local_stats and LOCAL_STATS in store.rows:  # each client its own statistics
-            if self.support is None:
-                params = broadcast(params, len(self.clients))
-            params = {**params, **store.read(self.clients)[LOCAL_STATS]}
+        if self.local_stats and self.support is None:  # each client its own statistics
+            params = {**broadcast(params, len(self.clients)), **self._own_stats(store)}
         out: dict[str, float] = {}
         for split, metric in self.metrics.items():
             metric.reset()

@@ -490,11 +490,27 @@ def end_of_round(r: _Round, states: State, start: State, ctx: RoundContext) -> S
     return r.ex.map(lambda s, k, c: end(s, start, c, k), states, steps, ctx.broadcast, r.n)
 
 
+def _client_stats(upd: CompositionalUpdater, states: State) -> State | None:
+    """The running statistics of each client's model after its local steps (None: the model
+    has none, or the clients do not hold it)."""
+    names = running_stats(upd.model)
+    model = states.get(upd.model_key)
+    if not names or not isinstance(model, dict):
+        return None
+    return {name: model[name] for name in names}
+
+
 def aggregate(
-    r: _Round, states: State, ctx: RoundContext, log_sum: dict[str, Any]
+    r: _Round,
+    states: State,
+    ctx: RoundContext,
+    log_sum: dict[str, Any],
+    stats: State | None = None,
 ) -> dict[str, Any]:
     """One collective of the round's sums over the clients that finished: their (weighted)
-    ``ROUND`` entries and weights, the step logs and the participant counts."""
+    ``ROUND`` entries and weights, the step logs, the participant counts, and the running
+    statistics of their models (weighted as the uploads are), which the server's model then
+    takes as they are (:func:`server_step`)."""
     device = tree_leaves(states)[0].device
     done, steps = r.done, r.info.local_steps
     took = torch.ones(r.n, dtype=torch.bool) if done is None else done > 0
@@ -517,7 +533,12 @@ def aggregate(
     }
     if weights is not None:
         payload["weight"] = _sum_rows(weights.to(r.comm.dtype), finished)
-    return r.comm.sum_tree(payload)
+    if stats is not None:
+        payload["stats"] = tree_map(lambda v: _sum_rows(v, finished, weights), stats)
+    total = r.comm.sum_tree(payload)
+    if stats is not None and r.upd.model_key not in ups:  # sent beside the uploads
+        r.up += round(Counts.of(total).participants) * numel(total["stats"])
+    return total
 
 
 def aggregation_weights(r: _Round, ctx: RoundContext, device: torch.device) -> Tensor | None:
@@ -548,16 +569,20 @@ def server_step(
     if not n_up:
         return server
     mean = tree_map(lambda v: v / n_up, total["up"])
+    stats = tree_map(lambda v: v / n_up, total.get("stats", {}))
     if "weight" in total:  # Σ w u / Σ w, as a ratio of means over the participants
         w = total["weight"] / n_up
         mean = tree_map(lambda v: v / w, mean) if float(w) != 0 else {}
+        stats = tree_map(lambda v: v / w, stats) if float(w) != 0 else {}
     info = dataclasses.replace(
         r.info, participants=n_up, participant_samples=samples if r.info.sizes is not None else None
     )
     new = upd.server_update(server, {**step_mean, **mean}, ctx, info)
+    key = upd.model_key
     if server_opt is not None:
-        key = upd.model_key
         new = {**new, key: _server_opt_step(server_opt, upd, server[key], new[key])}
+    if stats:  # the clients' statistics, whatever the update made of the model's entries
+        new = {**new, key: {**new[key], **stats}}
     return new
 
 
@@ -565,8 +590,8 @@ def _server_opt_step(
     opt: ServerOptimizer, upd: CompositionalUpdater, old: State, proposed: State
 ) -> State:
     """The server optimizer's step on the model's parameters; running statistics are no
-    parameters (a momentum or Adam step on a variance could turn it negative): they take the
-    proposed mean as it is."""
+    parameters (a momentum or Adam step on a variance could turn it negative): they are the
+    clients' mean (:func:`server_step`)."""
     stats = running_stats(upd.model)
     if not stats:
         return opt.step(old, proposed)
@@ -615,11 +640,11 @@ def federated_round(
     first = batches(0)
     ctx, states = round_context(r, server, states, first)
     states, log_sum, step_mean = local_steps(r, states, batches, first, ctx)
+    stats = _client_stats(updater, states)  # before the end hook: it may drop the model
     states = end_of_round(r, states, start, ctx)
-    if updater.local_stats:  # kept for the client's next round (model.buffers=local)
-        own = {name: states[updater.model_key][name] for name in updater.local_stats}
-        states = {**states, LOCAL_STATS: own}
-    total = aggregate(r, states, ctx, log_sum)
+    if updater.local_stats and stats is not None:  # kept for the next round (buffers=local)
+        states = {**states, LOCAL_STATS: stats}
+    total = aggregate(r, states, ctx, log_sum, stats)
     new_server = server_step(r, server, total, step_mean, ctx, server_opt)
     if store is not None and store.rows:
         write_back(r, store, states)

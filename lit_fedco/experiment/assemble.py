@@ -8,7 +8,7 @@ import json
 import os
 import socket
 import statistics
-import sys
+from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Any
 
@@ -18,7 +18,16 @@ from omegaconf import DictConfig, OmegaConf
 
 from lit_fedco.config.load import node_params, problem_name
 from lit_fedco.core.errors import ConfigError
-from lit_fedco.core.models import build_model, call, is_model_ref, model_state, running_stats
+from lit_fedco.core.models import (
+    BATCH_STATISTICS_MODELS,
+    MODEL_KEYS,
+    build_model,
+    call,
+    draws_randomly,
+    is_model_ref,
+    model_state,
+    running_stats,
+)
 from lit_fedco.core.server_opt import ServerOptConfig
 from lit_fedco.data import FederatedData, make_federated
 from lit_fedco.engine.executors import choose_executor, make_executor
@@ -207,27 +216,22 @@ def loop_config(cfg: DictConfig, seed: int) -> LoopConfig:
 
 
 def run_executor(cfg: DictConfig) -> str:
-    """The executor the run uses (``executor=auto`` resolved for its model and device:
-    :func:`~lit_fedco.engine.executors.choose_executor`)."""
+    """The executor the run uses: ``executor=auto`` resolved for its model and device
+    (:func:`~lit_fedco.engine.executors.choose_executor`; a researcher's model by
+    :func:`auto_for_model`), the reason written to ``cfg.executor_reason`` (recorded in
+    ``config.yaml``)."""
     names = list(cfg.updaters)
     if enabled(cfg):
         names.append(cfg.pretrain.updater)
     updaters = [get_updater(n) for n in names if n in available_updaters()]
     if cfg.executor == "auto" and is_model_ref(cfg.model.name):
-        choice, reason = probe_executor(cfg)
-        _note_once(f"executor=auto: {choice} for model.name={cfg.model.name} ({reason})")
+        choice, reason = auto_for_model(cfg, updaters)
+        cfg.executor_reason = reason
         return choice
-    return choose_executor(cfg.executor, cfg.model.name, cfg.accelerator, updaters)
-
-
-_PROBED: dict[str, tuple[str, str]] = {}
-_NOTED: set[str] = set()
-
-
-def _note_once(line: str) -> None:
-    if line not in _NOTED:
-        _NOTED.add(line)
-        print(line, file=sys.stderr, flush=True)
+    choice = choose_executor(cfg.executor, cfg.model.name, cfg.accelerator, updaters)
+    if cfg.executor == "auto":
+        cfg.executor_reason = f"{choice} as measured for model.name={cfg.model.name} on its device"
+    return choice
 
 
 def model_keys(cfg: DictConfig) -> dict[str, Any]:
@@ -235,19 +239,31 @@ def model_keys(cfg: DictConfig) -> dict[str, Any]:
     built-in ``name``, ``hidden`` and ``buffers``)."""
     values = OmegaConf.to_container(cfg.model, resolve=True)
     assert isinstance(values, dict)
-    return {str(k): v for k, v in values.items() if k not in ("name", "hidden", "buffers")}
+    return {str(k): v for k, v in values.items() if k not in MODEL_KEYS}
 
 
-def probe_executor(cfg: DictConfig) -> tuple[str, str]:
-    """The executor ``auto`` takes for a researcher's model, and why, decided once per (model,
-    data) config: ``sequential`` where it does not run under ``vmap`` (a vmapped gradient of
-    its summed outputs for two clients of two rows each, in train mode, raises: an LSTM, a
-    dropout), and on the CPU for a convolutional model (measured with the throughput
-    benchmark, one thread: a BatchNorm CNN on MNIST 0.96× the plain loop client by client
-    against 0.59× vectorized; lit_fedco's ``cnn`` 0.97× against 0.86×); ``vectorized``
-    otherwise (fully connected models gain most from stacking clients: logistic regression
-    8× the plain loop at 100 clients). The model's own errors (its build, its output shape)
-    are raised as they are."""
+@dataclass(frozen=True)
+class ModelProbe:
+    """What :func:`probe_model` found of a researcher's model.
+
+    Attributes:
+        error: why a vmapped gradient of it raised; empty: it runs under ``vmap``.
+        conv: it holds a convolution.
+        norms: it holds a batch norm (with or without running statistics).
+    """
+
+    error: str
+    conv: bool
+    norms: bool
+
+
+_PROBED: dict[str, ModelProbe] = {}
+
+
+def probe_model(cfg: DictConfig) -> ModelProbe:
+    """A vmapped gradient of the model's summed outputs for two clients of two rows each, in
+    train mode (an LSTM or a dropout raise), once per (model, data) config. The model's own
+    errors (its build, its output shape) are raised as they are."""
     key = json.dumps(
         [OmegaConf.to_container(cfg.model, resolve=True),
          OmegaConf.to_container(cfg.data, resolve=True), cfg.seed],
@@ -260,28 +276,52 @@ def probe_executor(cfg: DictConfig) -> tuple[str, str]:
         cfg.model.name, tuple(data.x_train.shape[1:]), data.num_classes, cfg.seed,
         cfg.model.hidden, model_keys(cfg),
     )  # fmt: skip
-    state = model_state(model)
-    rows = data.x_train[:2]
-    two = {k: torch.stack([v, v]) for k, v in state.items()}
-    x = torch.stack([rows, rows])
+    two = {k: torch.stack([v, v]) for k, v in model_state(model).items()}
+    x = torch.stack([data.x_train[:2], data.x_train[:2]])
 
     def total(p: dict[str, torch.Tensor], v: torch.Tensor) -> torch.Tensor:
         return call(model, p, v).float().sum()
 
+    error = ""
+    try:
+        torch.func.vmap(torch.func.grad(total))(two, x)
+    except Exception as err:
+        error = f"{type(err).__name__}: {(str(err).splitlines() or [''])[0][:120]}"
+    modules = list(model.modules())
+    found = ModelProbe(
+        error,
+        any(isinstance(m, torch.nn.modules.conv._ConvNd) for m in modules),
+        any(isinstance(m, torch.nn.modules.batchnorm._BatchNorm) for m in modules),
+    )
+    _PROBED[key] = found
+    return found
+
+
+def auto_for_model(cfg: DictConfig, updaters: list[type[CompositionalUpdater]]) -> tuple[str, str]:
+    """The executor ``auto`` takes for a researcher's model, and why (:func:`probe_model`):
+
+    - ``sequential`` where it does not run under ``vmap`` (an LSTM, a dropout);
+    - ``sequential`` for a model with batch norms under an updater that differentiates a
+      step (ComFedL-MAML, Per-FedAvg: their ``unvmappable_models`` name lit_fedco's ``conv4``
+      for the same reason): batch norm's double backward does not run under ``vmap``;
+    - ``sequential`` on the CPU for a convolutional model (throughput benchmark, one thread: a
+      BatchNorm CNN on MNIST 0.96× the plain loop client by client against 0.59× vectorized;
+      lit_fedco's ``cnn`` 0.97× against 0.86×);
+    - ``vectorized`` otherwise (fully connected models gain most from stacking clients:
+      logistic regression 8× the plain loop at 100 clients).
+    """
+    probe = probe_model(cfg)
     on_cpu = cfg.accelerator == "cpu" or (
         cfg.accelerator == "auto" and not torch.cuda.is_available()
     )
-    conv = any(isinstance(m, torch.nn.modules.conv._ConvNd) for m in model.modules())
-    try:
-        torch.func.vmap(torch.func.grad(total))(two, x)
-        found = ("vectorized", "it runs under vmap")
-        if on_cpu and conv:
-            found = ("sequential", "a convolutional model runs faster client by client on the CPU")
-    except Exception as err:
-        first = (str(err).splitlines() or [""])[0][:120]
-        found = ("sequential", f"it does not run under vmap: {type(err).__name__}: {first}")
-    _PROBED[key] = found
-    return found
+    second = [u.name for u in updaters if u.unvmappable_models & BATCH_STATISTICS_MODELS]
+    if probe.error:
+        return "sequential", f"it does not run under vmap: {probe.error}"
+    if probe.norms and second:
+        return "sequential", f"{second[0]} differentiates through batch norms, not under vmap"
+    if on_cpu and probe.conv:
+        return "sequential", "a convolutional model runs faster client by client on the CPU"
+    return "vectorized", "it runs under vmap"
 
 
 class Assembly:
@@ -486,6 +526,8 @@ def check_run(cfg: DictConfig, built: Assembly | None = None) -> None:
     for upd, problem in pairs:  # its minibatch sampler on every client (AUPRC: positives)
         problem.sampler(upd.objective, data, first)
     updaters = [upd for upd, _ in pairs]
+    for name, upd in zip(cfg.updaters, updaters, strict=True):
+        check_model_state(cfg, name, upd)
     check_pretrain(cfg)
     if enabled(cfg):  # the pre-training's updater, objective and schedule
         pcfg = pretrain_config(cfg)
@@ -502,10 +544,35 @@ def check_run(cfg: DictConfig, built: Assembly | None = None) -> None:
         check_shapes(load_params(cfg.init_from), updaters[0].params(), cfg.init_from, cfg)
 
 
+def check_model_state(cfg: DictConfig, name: str, upd: CompositionalUpdater) -> None:
+    """A model with running statistics needs clients that hold the model (their statistics
+    follow their own batches); a model that draws randomly (dropout) cannot run vectorized
+    (``vmap`` refuses to draw random numbers, and each client is seeded on its own).
+
+    Raises:
+        ConfigError: naming ``model.name`` or ``executor``.
+    """
+    if running_stats(upd.model) and upd.model_key not in upd.client_state:
+        raise ConfigError(
+            f"model.name: {cfg.model.name} has batch norms with running statistics, which "
+            f"{name} cannot train: its clients do not hold the model (their state is "
+            f"{', '.join(upd.client_state)}); use a model without them (GroupNorm, or "
+            "track_running_stats=False), or another updater",
+            key="model.name",
+        )
+    if draws_randomly(upd.model) and cfg.executor == "vectorized":
+        raise ConfigError(
+            f"executor: got 'vectorized', but model.name={cfg.model.name} draws random numbers "
+            "(dropout), which vmap cannot draw client by client; set executor=sequential or "
+            "executor=auto",
+            key="executor",
+        )
+
+
 RESUMABLE_CHANGES = (
     "rounds", "eval_every", "checkpoint_every", "checkpoint_keep", "progress", "tracking",
     "threads", "executor", "chunk_size", "devices", "num_nodes", "accelerator", "strategy",
-    "jobs", "sub_run", "shard_data",
+    "jobs", "sub_run", "shard_data", "executor_reason", "fast_steps",
 )  # fmt: skip
 """Keys a resumed run may change: the schedule's length and how the run executes."""
 

@@ -26,6 +26,7 @@ from typing import ClassVar
 import torch
 from torch import Tensor
 
+from lit_fedco.core.models import running_stats
 from lit_fedco.core.protocol import RoundContext, RoundInfo, StepInfo, Sync
 from lit_fedco.core.state import State, tree_leaves, tree_map, tree_scale, tree_sub
 from lit_fedco.objectives.base import Batch, Context
@@ -84,7 +85,9 @@ class QFedAvg(FedAvg[QFedAvgHparams]):
         dw = tree_scale(lip, tree_sub(start["x"], state["x"]))
         h = lip * f_q
         if q > 0:  # a hyperparameter, not a tensor value; at q = 0 the term is exactly 0
-            sq_norm = sum((d * d).sum() for d in tree_leaves(dw))
+            stats = running_stats(self.model)  # no parameters: the server takes their mean
+            moved = {k: d for k, d in dw.items() if k not in stats}
+            sq_norm = sum((d * d).sum() for d in tree_leaves(moved))
             h = h + q * torch.exp((q - 1) * log_f) * sq_norm
         return {"delta": tree_map(lambda d: f_q * d, dw), "h": h}
 
