@@ -53,3 +53,28 @@ def test_a_server_optimizer_without_server_opt_hparams_is_refused():
 
     with pytest.raises(TypeError, match="ServerOptHparams"):
         Wrong(Hparams(lr=0.1), torch.nn.Linear(2, 2)).server_opt_config()
+
+
+def test_an_overridden_hook_is_found_one_way():
+    """``defining_class`` answers for the round's end hook (``implements``), the fast forms
+    (``_own``) and the registry's declarations (``overridden``)."""
+    from lit_fedco.updaters.base import CompositionalUpdater, defining_class, overridden
+
+    class Plain(FedAvg[Hparams]):
+        """FedAvg as it is."""
+
+    class WithEnd(FedAvg[Hparams]):
+        """FedAvg with an end hook."""
+
+        def client_end(self, state, start, ctx, steps):  # type: ignore[no-untyped-def]
+            return state
+
+    model = torch.nn.Linear(2, 2)
+    assert defining_class(Plain, "client_end") is CompositionalUpdater
+    assert not Plain(Hparams(lr=0.1), model).implements("client_end")
+    assert WithEnd(Hparams(lr=0.1), model).implements("client_end")
+    assert "client_end" in overridden(WithEnd) and "client_end" not in overridden(Plain)
+    wrapped = Plain(Hparams(lr=0.1), model)
+    wrapped.client_end = lambda state, start, ctx, steps: state  # type: ignore[method-assign]
+    assert wrapped.implements("client_end")  # a hook set on the instance runs too
+    assert Plain(Hparams(lr=0.1), model).inplace()  # FedAvg's own fast form, inherited whole

@@ -479,9 +479,7 @@ def sync_step(
 def end_of_round(r: _Round, states: State, start: State, ctx: RoundContext) -> State:
     """END OF ROUND: the updater's client hook after the last local step (if it has one), told
     how many steps each client completed."""
-    from lit_fedco.updaters.base import CompositionalUpdater
-
-    if type(r.upd).client_end is CompositionalUpdater.client_end:
+    if not r.upd.implements("client_end"):
         return states
     ref = tree_leaves(states)[0]
     steps = torch.full((r.n,), float(r.info.local_steps)) if r.done is None else r.done.double()

@@ -272,12 +272,15 @@ class CompositionalUpdater(Generic[H]):
         instance alone (a wrapper that records or changes the step must see every step)."""
         if "client_step" in vars(self) and hook not in vars(self):
             return False
+        where = defining_class(type(self), hook)
+        return where is not CompositionalUpdater and where is defining_class(
+            type(self), "client_step"
+        )
 
-        def definer(name: str) -> type:
-            return next(c for c in type(self).__mro__ if name in c.__dict__)
-
-        where = definer(hook)
-        return where is not CompositionalUpdater and where is definer("client_step")
+    def implements(self, hook: str) -> bool:
+        """Whether this updater's ``hook`` is its own, not :class:`CompositionalUpdater`'s
+        default (the round skips a default end hook)."""
+        return hook in vars(self) or defining_class(type(self), hook) is not CompositionalUpdater
 
     def stacked(self) -> bool:
         """Whether the vectorized executor runs :meth:`client_step_stacked`: the updater's own
@@ -403,6 +406,13 @@ def _generic_hparams(cls: type) -> type[Hparams] | None:
     return None
 
 
+def defining_class(cls: type, hook: str) -> type:
+    """The class of ``cls``'s method resolution order that defines ``hook``: the one way an
+    overridden hook is found (:meth:`CompositionalUpdater._own`, :meth:`implements`,
+    :func:`overridden`)."""
+    return next(c for c in cls.__mro__ if hook in c.__dict__)
+
+
 def overridden(cls: type[CompositionalUpdater]) -> list[str]:
     """The hooks (:data:`HOOKS`) ``cls`` defines itself or takes from an unregistered base
     between it and :class:`CompositionalUpdater` (shared machinery such as the FedDRO family's
@@ -413,7 +423,7 @@ def overridden(cls: type[CompositionalUpdater]) -> list[str]:
             break
         if klass is not cls and _REGISTRY.get(getattr(klass, "name", "")) is klass:
             break
-        found += [h for h in HOOKS if h in klass.__dict__ and h not in found]
+        found += [h for h in HOOKS if defining_class(cls, h) is klass]
     return found
 
 
