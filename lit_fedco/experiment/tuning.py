@@ -26,11 +26,12 @@ import itertools
 import math
 import os
 import shlex
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import yaml
 from omegaconf import DictConfig
@@ -298,7 +299,6 @@ def run_tuned(
     Returns:
         The comparison's table rows (the tuning's, for a tuning sub-run).
     """
-    from lit_fedco.cli import refuse
     from lit_fedco.config.load import load
     from lit_fedco.config.parser import parse
     from lit_fedco.config.plugins import import_plugins
@@ -354,6 +354,12 @@ def without(argv: list[str], items: list[str]) -> list[str]:
     if "updaters" in keys:
         keys.add("updater")
     return [a for a in argv if a.partition("=")[0].lstrip("-") not in keys]
+
+
+def refuse(err: ConfigError) -> NoReturn:
+    """End the process with exit code 2 and ``err`` in one line (as the command line does)."""
+    print(f"lit_fedco: {err}", file=sys.stderr)
+    raise SystemExit(2)
 
 
 def holds(run_dir: Path) -> bool:
