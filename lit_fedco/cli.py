@@ -128,6 +128,8 @@ def main(recipe: str, defaults: dict[str, Any], **options: Any) -> NoReturn:
     does."""
     import threading
 
+    if sys.stdout is None:  # started with stdout closed (>&-): what it prints goes nowhere
+        sys.stdout = open(os.devnull, "w")  # noqa: SIM115 — for the life of the process
     sys.stdout = _ReaderMayLeave(sys.stdout)
     run(recipe, defaults, **options)
     others = [t for t in threading.enumerate() if t is not threading.main_thread()]
@@ -150,15 +152,23 @@ class _ReaderMayLeave:
             return int(self._stream.write(text))
         except BrokenPipeError:
             self._drop()
-            return len(text)
+        except OSError as err:  # /dev/full, a closed or failing stdout: said once, then dropped
+            self._drop(err)
+        return len(text)
 
     def flush(self) -> None:
         try:
             self._stream.flush()
         except BrokenPipeError:
             self._drop()
+        except OSError as err:
+            self._drop(err)
 
-    def _drop(self) -> None:
+    def _drop(self, err: OSError | None = None) -> None:
+        if err is not None:
+            print(f"lit_fedco: stdout cannot be written ({err.strerror or err}); the run goes "
+                  "on without it (its table and results are written to the run folder)",
+                  file=sys.stderr)  # fmt: skip
         _reader_gone()
 
     def __getattr__(self, name: str) -> Any:

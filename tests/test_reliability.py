@@ -322,3 +322,131 @@ def test_a_long_list_of_dropped_lines_is_one_short_line(tmp_path):
     (tmp_path / "metrics.jsonl").write_text("not json\n" * 50_000)
     (note,) = History(tmp_path).notes
     assert "line(s) 1, 2, 3, 4, 5, ... (50000 in all) cut short" in note and len(note) < 300
+
+
+# ---------------------------------------------------- a damaged run folder (defects 9, 10, 11)
+DAMAGES = ("truncate", "garbage", "wrong_type", "folder", "symlink", "fifo")
+
+
+def damage(path, how: str, outside) -> None:
+    """Damage file ``path`` of a run folder one way: emptied, random bytes, a JSON/YAML list,
+    a folder, a link to a file ``outside`` the run folder, or a FIFO in its place."""
+    import os
+
+    if how == "truncate":
+        path.write_bytes(b"")
+        return
+    if how == "garbage":
+        path.write_bytes(bytes(range(256)) * 4)
+        return
+    if how == "wrong_type":
+        path.write_text("[1]\n" if path.suffix in (".json", ".jsonl") else "- 1\n- 2\n")
+        return
+    path.unlink()
+    if how == "folder":
+        path.mkdir()
+    elif how == "symlink":
+        path.symlink_to(outside)
+    elif how == "fifo":
+        os.mkfifo(path)
+
+
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory):
+    """A complete 2-round run of two sub-runs, and the files it wrote (relative paths)."""
+    from lit_fedco.recipes.comfedl_dro import DEFAULTS
+
+    out = tmp_path_factory.mktemp("finished") / "out"
+    argv = ["updaters=[fedavg,comfedl]", "seeds=[0]", "rounds=2", "eval_every=1",
+            "checkpoint_every=1", "progress=false", "tracking=[csv]", f"out_dir={out}",
+            "run_name=r"]  # fmt: skip
+    cli.run("comfedl_dro", DEFAULTS, argv)
+    run_dir = out / "comfedl_dro" / "r"
+    files = sorted(str(p.relative_to(run_dir)) for p in run_dir.rglob("*") if p.is_file())
+    return run_dir, files
+
+
+def resume_damaged(run_dir, rel: str, how: str, tmp_path) -> tuple[object, list[str], bool]:
+    """A copy of the finished run with ``rel`` damaged ``how``, resumed for one more round in
+    this process (a hang ends after 120 s): the exit code (0 for a return), the lines on
+    stderr, and whether the file outside the run folder a link points to is unchanged."""
+    import contextlib
+    import io
+    import shutil
+    import signal
+
+    from lit_fedco.recipes.comfedl_dro import DEFAULTS
+
+    case = tmp_path / "case"
+    shutil.rmtree(case, ignore_errors=True)
+    shutil.copytree(run_dir.parent.parent, case / "out", symlinks=True)
+    outside = tmp_path / "outside.txt"
+    outside.write_text("keep me\n")
+    damage(case / "out" / "comfedl_dro" / "r" / rel, how, outside)
+    argv = ["updaters=[fedavg,comfedl]", "seeds=[0]", "rounds=3", "eval_every=1",
+            "checkpoint_every=1", "progress=false", "tracking=[csv]", f"out_dir={case / 'out'}",
+            "run_name=r", "resume=auto"]  # fmt: skip
+
+    def hung(*_):
+        raise TimeoutError(f"{rel} {how}: the resume hangs")
+
+    err, code = io.StringIO(), None
+    old = signal.signal(signal.SIGALRM, hung)
+    signal.alarm(120)
+    try:
+        with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+            cli.run("comfedl_dro", DEFAULTS, argv)
+        code = 0
+    except SystemExit as stop:
+        code = stop.code
+    except Exception as exc:  # a traceback: reported as such
+        code = f"{type(exc).__name__}: {exc}"
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, old)
+    return code, err.getvalue().splitlines(), outside.read_text() == "keep me\n"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("how", DAMAGES)
+def test_each_damaged_file_of_a_run_folder_is_one_line_or_a_run_that_says_so(
+    finished_run, how, tmp_path
+):
+    """Every file a run writes, damaged ``how``, then ``resume=auto`` with one more round:
+    exit 2 with one line, or a complete run whose messages are single ``lit_fedco:`` lines
+    (no traceback); the file outside the run folder that a link points to is never written."""
+    run_dir, files = finished_run
+    assert {"config.yaml", "results.json", "table.txt", "fedavg-seed0/status.json",
+            "fedavg-seed0/metrics.jsonl", "fedavg-seed0/metrics.csv",
+            "fedavg-seed0/partition.json"} <= set(files)  # fmt: skip
+    failures = []
+    for rel in files:
+        code, err, kept = resume_damaged(run_dir, rel, how, tmp_path)
+        one_line = code == 2 and len(err) == 1 and err[0].startswith("lit_fedco: ")
+        said = code == 0 and all(line.startswith("lit_fedco: ") for line in err)
+        if not (one_line or said) or not kept:
+            failures.append(f"{rel} {how}: exit {code!r}, kept {kept}: {err[-3:]!r}")
+    assert not failures, "\n".join(failures)
+
+
+@pytest.mark.slow
+def test_a_full_or_closed_stdout_is_one_line_and_the_run_completes(tmp_path):
+    import shlex
+    import subprocess
+
+    from tests.helpers import REPO
+
+    base = [sys.executable, "-m", "lit_fedco.recipes.comfedl_dro", "updater=fedavg", "seeds=[0]",
+            "rounds=1", "progress=false", "tracking=[csv]", f"out_dir={tmp_path}"]  # fmt: skip
+    with open("/dev/full", "w") as full:
+        proc = subprocess.run([*base, "run_name=full"], stdout=full, stderr=subprocess.PIPE,
+                              text=True, cwd=REPO, timeout=300)  # fmt: skip
+    assert proc.returncode == 0 and proc.stderr.splitlines() == [
+        "lit_fedco: stdout cannot be written (No space left on device); the run goes on without "
+        "it (its table and results are written to the run folder)"
+    ]
+    assert (tmp_path / "comfedl_dro" / "full" / "table.txt").is_file()
+    proc = subprocess.run(f"{shlex.join(base)} run_name=closed >&-", shell=True, cwd=REPO,
+                          stderr=subprocess.PIPE, text=True, timeout=300)  # fmt: skip
+    assert proc.returncode == 0 and proc.stderr == ""
+    assert (tmp_path / "comfedl_dro" / "closed" / "table.txt").is_file()

@@ -177,7 +177,14 @@ def lock_run(
     import socket
 
     path = run_dir / name
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:  # never through a link, never a folder or FIFO in its place
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK, 0o644)
+    except OSError as err:
+        raise ConfigError(
+            f"run_name: cannot open the lock file {path} ({err.strerror or err}; a folder or "
+            "link in its place?); move it out of the run folder, then run again",
+            key="run_name",
+        ) from None
     try:
         mode = fcntl.LOCK_SH if shared else fcntl.LOCK_EX
         fcntl.flock(fd, mode if wait else mode | fcntl.LOCK_NB)
@@ -219,11 +226,61 @@ def write_json(path: Path, value: Any) -> None:
 
 
 def read_json(path: Path) -> Any:
-    """A JSON file, or None if it is missing or unreadable."""
+    """A JSON object (a dict) from a file, or None if it is missing, unreadable or holds
+    another kind of value (a damaged ``status.json`` holding ``[1]``)."""
     try:
-        return json.loads(path.read_text())
+        found = json.loads(path.read_text())
     except (OSError, ValueError):
         return None
+    return found if isinstance(found, dict) else None
+
+
+RUN_FILES = ("config.yaml", LOCK, "resumes.jsonl", "results.json", "table.txt")
+"""The files lit_fedco writes at the top of a run folder."""
+SUB_FILES = ("status.json", "metrics.jsonl", "metrics.csv", "partition.json")
+"""The files it writes in each sub-run's folder (beside ``checkpoints/``)."""
+
+
+def check_entries(run_dir: Path, subs: list[str]) -> None:
+    """The run folder, the files lit_fedco writes in it and the folders ``subs`` of its
+    sub-runs are what it wrote: folders and regular files, none a symbolic link (a write
+    through one would land outside the run). Missing ones are fine.
+
+    Raises:
+        ConfigError: naming the first entry that is not, and how to go on.
+    """
+    import stat
+
+    wanted: list[tuple[Path, bool]] = [(run_dir, True)]
+    wanted += [(run_dir / name, False) for name in RUN_FILES]
+    for sub in subs:
+        wanted.append((run_dir / sub, True))
+        wanted += [(run_dir / sub / name, False) for name in SUB_FILES]
+        wanted.append((run_dir / sub / "checkpoints", True))
+        with contextlib.suppress(OSError):  # each checkpoint a file (one is written over)
+            ckpts = sorted((run_dir / sub / "checkpoints").glob("round-*"))
+            wanted += [(p, False) for p in ckpts if not p.name.endswith(".tmp")]
+    for path, folder in wanted:
+        try:
+            mode = os.lstat(path).st_mode
+        except FileNotFoundError:
+            continue
+        except OSError as err:
+            kind = f"unreadable ({err.strerror or err})"
+        else:
+            if stat.S_ISLNK(mode):
+                kind = "a symbolic link"
+            elif folder == stat.S_ISDIR(mode) and (folder or stat.S_ISREG(mode)):
+                continue
+            else:
+                kind = "a folder" if stat.S_ISDIR(mode) else "a file" if folder else (
+                    "not a regular file (a FIFO, socket or device)")  # fmt: skip
+        what = "folder" if folder else "file"
+        raise ConfigError(
+            f"run_name: {path} is {kind}, expected the {what} lit_fedco writes there; move it "
+            "out of the run folder (or choose another run_name), then run again",
+            key="run_name",
+        )
 
 
 def contents(run_dir: Path) -> str:

@@ -51,6 +51,7 @@ from lit_fedco.experiment.jobs import (
 from lit_fedco.experiment.rundir import (
     RUN_DIR_ENV,
     History,
+    check_entries,
     check_writable,
     contents,
     existing_run_dir,
@@ -163,6 +164,8 @@ def plan_existing(
     """What each sub-run of ``plan.run_dir`` (or just ``sub_run``'s) continues from, or its
     final metrics when it is complete."""
     assert plan.run_dir is not None
+    check_entries(plan.run_dir, [spec.folder for spec in _chosen(cfg, configs, seeds)] + [
+        folder for *_, folder in pretrain_runs(configs, seeds)])  # fmt: skip
     for _, _, vcfg, seed, folder in pretrain_runs(configs, seeds) if cfg.sub_run < 0 else []:
         _plan_pretrain(plan, recipe, vcfg, seed, plan.run_dir / folder, built)
     for spec in _chosen(cfg, configs, seeds):
@@ -866,8 +869,17 @@ def _record_start(cfg: DictConfig, plan: Plan, run_dir: Path, own: str = "") -> 
                   "checkpoints verify what resumes)", file=sys.stderr)  # fmt: skip
         write_text(first, OmegaConf.to_yaml(OmegaConf.create(resolved)))
         return
-    before = OmegaConf.to_container(OmegaConf.load(first), resolve=True)
-    assert isinstance(before, dict) and isinstance(resolved, dict)
+    try:
+        before = OmegaConf.to_container(OmegaConf.load(first), resolve=True)
+    except Exception as err:  # not YAML, not text, an interpolation that does not resolve
+        before = f"{type(err).__name__}: {(str(err).splitlines() or [''])[0][:100]}"
+    assert isinstance(resolved, dict)
+    if not isinstance(before, dict):
+        why = before if isinstance(before, str) else f"a {type(before).__name__}, not a mapping"
+        print(f"lit_fedco: {first} is damaged ({why}); written again from this command line "
+              "(the checkpoints verify what resumes)", file=sys.stderr)  # fmt: skip
+        write_text(first, OmegaConf.to_yaml(OmegaConf.create(resolved)))
+        before = resolved
     changed = {k: [before.get(k), resolved.get(k)] for k in RESUMABLE_CHANGES
                if before.get(k) != resolved.get(k)}  # fmt: skip
     line = {"time": time.strftime("%Y-%m-%dT%H:%M:%S"), "resume": cfg.resume, "changed": changed,

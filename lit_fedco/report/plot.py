@@ -30,6 +30,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import statistics
 import sys
 from collections.abc import Callable
@@ -253,8 +254,10 @@ def _save(fig: Any, out: Path, name: str, legend_rows: int = 0) -> list[Path]:
     height = fig.get_size_inches()[1]
     fig.tight_layout(rect=(0, 0.22 * legend_rows / height, 1, 1))
     paths = [out / f"{name}.png", out / f"{name}.pdf"]
-    fig.savefig(paths[0], dpi=150)
-    fig.savefig(paths[1])
+    for path, options in ((paths[0], {"dpi": 150}), (paths[1], {})):
+        tmp = path.with_name(f".{path.name}.tmp")
+        fig.savefig(tmp, format=path.suffix[1:], **options)
+        os.replace(tmp, path)  # whole, and never written through a link in its place
     plt.close(fig)
     return paths
 
