@@ -362,7 +362,6 @@ class History:
         """Keep in :attr:`rows` the rounds 1..``resumed`` (each once, in order) and the rounds
         that follow it one by one (a run stopped after its checkpoint logged them; it logs
         them again, the same); return the other rows, which do not fit the checkpoint."""
-        self._read_count = len(self.rows)
         kept: list[dict[str, Any]] = []
         aside: list[dict[str, Any]] = []
         last = 0
