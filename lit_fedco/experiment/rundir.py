@@ -36,6 +36,27 @@ from lit_fedco.experiment.checkpoint import atomic_write
 
 RUN_DIR_ENV = "LIT_FEDCO_RUN_DIR"
 """Set by the launching process so that the processes Fabric starts share its run folder."""
+RUN_OWNER_ENV = "LIT_FEDCO_RUN_OWNER"
+"""The pid of the run that set :data:`RUN_DIR_ENV` for the processes it starts: a process
+that finds the folder without being one of them (a run started inside a run, or the
+variable set by hand) is refused (:func:`check_child`)."""
+
+
+def check_child(run_dir: str) -> None:
+    """This process was started by the run that set :data:`RUN_DIR_ENV` (its parent is the
+    pid in :data:`RUN_OWNER_ENV`).
+
+    Raises:
+        ConfigError: naming the variable and how to go on.
+    """
+    owner = os.environ.get(RUN_OWNER_ENV, "")
+    if owner != str(os.getppid()):
+        raise ConfigError(
+            f"{RUN_DIR_ENV}: got {run_dir!r}, but this process was not started by the run that "
+            f"set it ({RUN_OWNER_ENV}={owner or 'unset'}, parent {os.getppid()}); unset "
+            f"{RUN_DIR_ENV} (lit_fedco sets it only for the processes a run starts)",
+            key=RUN_DIR_ENV,
+        )
 
 
 # ---------------------------------------------------------------------- the run folder

@@ -50,7 +50,9 @@ from lit_fedco.experiment.jobs import (
 )
 from lit_fedco.experiment.rundir import (
     RUN_DIR_ENV,
+    RUN_OWNER_ENV,
     History,
+    check_child,
     check_entries,
     check_writable,
     contents,
@@ -454,6 +456,8 @@ def run_recipe(
     built = Assembly()
     held: list[Any] = []
     try:
+        if child:
+            check_child(child)  # set by the launcher of this process, not inherited or by hand
         configs = variant_configs(cmd, cfg)  # one per variant, or just cfg
         for c in [cfg, *(c for _, c in configs)]:  # executor=auto: the choice is recorded
             c.executor = run_executor(c)
@@ -538,6 +542,7 @@ def _execute(
     os.environ.setdefault("WANDB_SILENT", "true")
     keep_freed_memory()  # a round's large temporaries reuse warm heap pages (cpu_memory.py)
     os.environ[RUN_DIR_ENV] = str(run_dir)
+    os.environ.setdefault(RUN_OWNER_ENV, str(os.getpid()))  # the processes Fabric starts: ours
     try:
         fabric = make_fabric(cfg, callbacks)
         torch.set_num_threads(process_threads(cfg))  # recorded in each sub-run's status.json
@@ -550,6 +555,7 @@ def _execute(
     finally:
         if not child:
             os.environ.pop(RUN_DIR_ENV, None)
+            os.environ.pop(RUN_OWNER_ENV, None)
 
 
 def process_threads(cfg: DictConfig) -> int:
