@@ -450,3 +450,46 @@ def test_a_full_or_closed_stdout_is_one_line_and_the_run_completes(tmp_path):
                           stderr=subprocess.PIPE, text=True, timeout=300)  # fmt: skip
     assert proc.returncode == 0 and proc.stderr == ""
     assert (tmp_path / "comfedl_dro" / "closed" / "table.txt").is_file()
+
+
+# ------------------------------------------------------------------------ messages (defect 15)
+def test_a_non_finite_init_from_is_named_as_such(tmp_path):
+    import contextlib
+    import io
+    import math
+
+    from lit_fedco.experiment import checkpoint as ckpt
+    from lit_fedco.recipes.comfedl_dro import DEFAULTS
+
+    out = tmp_path / "out"
+    base = ["updater=fedavg", "seeds=[0]", "rounds=1", "progress=false", "tracking=[csv]",
+            f"out_dir={out}"]  # fmt: skip
+    cli.run("comfedl_dro", DEFAULTS, [*base, "run_name=a"])
+    (last,) = ckpt.listing(out / "comfedl_dro" / "a" / "fedavg-seed0" / "checkpoints")[-1:]
+    content = ckpt.load(last)
+    x = content["loop"]["server"]["x"]
+    name = next(iter(x))
+    x[name] = x[name].clone().fill_(math.nan)
+    nan = tmp_path / "nan.ckpt"
+    nan.write_bytes(ckpt.encode(content))
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err), pytest.raises(SystemExit) as stop:
+        cli.run("comfedl_dro", DEFAULTS, [*base, f"init_from={nan}", "run_name=b"])
+    assert stop.value.code == 2
+    assert err.getvalue().splitlines() == [
+        f"lit_fedco: init_from: {nan} holds non-finite values (NaN or inf) in parameter "
+        f"{name!r}; give a checkpoint of a run that did not diverge"
+    ]
+    assert not (out / "comfedl_dro" / "b").exists()
+
+
+def test_an_out_dir_with_a_newline_from_a_preset_is_refused():
+    from lit_fedco.config.load import load_config
+    from lit_fedco.core.errors import ConfigError
+    from lit_fedco.experiment.assemble import check_run
+    from lit_fedco.recipes.comfedl_dro import DEFAULTS
+
+    cfg = load_config([], DEFAULTS)
+    cfg.out_dir = "x\ny"  # as a preset's out_dir: "x\ny" gives it
+    with pytest.raises(ConfigError, match=r"^out_dir: got 'x\\ny', expected a folder name on one"):
+        check_run(cfg)

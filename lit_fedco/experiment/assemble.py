@@ -496,6 +496,11 @@ def check_run(cfg: DictConfig, built: Assembly | None = None) -> None:
         )  # fmt: skip
     if not cfg.out_dir.strip():
         raise ConfigError.bad_value("out_dir", cfg.out_dir, "a folder for the runs", "runs")
+    if not cfg.out_dir.isprintable():  # a preset's "x\ny": the command line refuses it too
+        raise ConfigError.bad_value(
+            "out_dir", cfg.out_dir, "a folder name on one line (no newline, tab or control "
+            "character)", "runs",
+        )  # fmt: skip
     check_run_name(cfg.run_name)
     if cfg.checkpoint_every < 0:
         raise ConfigError.bad_value(

@@ -97,6 +97,13 @@ def load_params(path: str | Path, key: str = "init_from") -> dict[str, Tensor]:
             "checkpoint of a run whose updater trains a model (e.g. a pretrained.ckpt)",
             key=key,
         )
+    bad = next((k for k, v in x.items() if v.is_floating_point() and not v.isfinite().all()), "")
+    if bad:
+        raise ConfigError(
+            f"{key}: {path} holds non-finite values (NaN or inf) in parameter {bad!r}; give a "
+            "checkpoint of a run that did not diverge",
+            key=key,
+        )
     return dict(x)
 
 
