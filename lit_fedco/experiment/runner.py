@@ -594,6 +594,11 @@ def check_jobs(cfg: DictConfig, count: int) -> None:
             "run_name", "", "the name of the run the sub-run belongs to (every sub-run of a run "
             "writes into its folder)", "grid1",
         )  # fmt: skip
+    if cfg.sub_run >= 0 and cfg.jobs > 1:  # it would launch the whole run beside itself
+        raise ConfigError.bad_value(
+            "jobs", cfg.jobs, f"1 with sub_run={cfg.sub_run} (a single sub-run runs in one "
+            "process; jobs=N runs a whole run, N sub-runs at a time)", "1",
+        )  # fmt: skip
     if (cfg.sub_run >= 0 or cfg.jobs > 1) and cfg.resume not in ("", "auto"):
         raise ConfigError.bad_value(
             "resume", cfg.resume, "'' or auto with sub_run or jobs (resume=PATH runs one "
