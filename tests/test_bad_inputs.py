@@ -193,6 +193,7 @@ CASES = [
     case("init-from-urandom", ["init_from=/dev/urandom"], r"init_from: /dev/urandom is not a regular file \(a device, FIFO or socket\)"),
     case("run-dir-env-by-hand", [], r"LIT_FEDCO_RUN_DIR: got '/tmp/another-run', but this process was not started by the run that set it \(LIT_FEDCO_RUN_OWNER=unset, parent \d+\); unset LIT_FEDCO_RUN_DIR", {"LIT_FEDCO_RUN_DIR": "/tmp/another-run"}),
     case("sub-run-with-jobs", ["run_name=g", "sub_run=0", "jobs=2"], r"jobs: got 2, expected 1 with sub_run=0 \(a single sub-run runs in one process"),
+    case("drop-positive-not-binary", ["data.drop_positive=0.5"], r"data\.drop_positive: got 0\.5, but data\.binary=false: it removes positives of binary data only"),
     case("clients-without-cohort", ["data.num_clients=5"], r"cohort: got 10, expected an int in \[1, 5\] \(K = 5; with another data\.num_clients, set cohort too\); set e\.g\. cohort=5$"),
     case("updater-and-updaters", ["updater=comfedl", "updaters=[fedavg]"], r"updaters: given twice \('updater=comfedl', then 'updaters=\[fedavg\]'\)"),
     case("dot-key", [".rounds=5"], r"command line: got '.rounds=5', whose key '.rounds' is not a config key"),

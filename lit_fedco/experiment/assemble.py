@@ -521,6 +521,12 @@ def check_run(cfg: DictConfig, built: Assembly | None = None) -> None:
             "read from it (mnist, fashion_mnist, cifar10_st, adult, ...)",
             key="data.data_dir",
         )
+    if cfg.data.drop_positive and not cfg.data.binary:  # it would be ignored, silently
+        raise ConfigError(
+            f"data.drop_positive: got {cfg.data.drop_positive}, but data.binary=false: it removes "
+            "positives of binary data only; set data.binary=true with it, or leave it out",
+            key="data.drop_positive",
+        )
     check_fabric(cfg)
     first = (seeds or [cfg.seed])[0]
     data = built.data(cfg, first)  # missing files, impossible splits
