@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 
@@ -353,7 +354,8 @@ def damage(path, how: str, outside) -> None:
 
 @pytest.fixture(scope="module")
 def finished_run(tmp_path_factory):
-    """A complete 2-round run of two sub-runs, and the files it wrote (relative paths)."""
+    """A complete 2-round run of two sub-runs, and one file of each kind it wrote (relative
+    paths: the first sub-run's files, each checkpoint, one figure of each format)."""
     from lit_fedco.recipes.comfedl_dro import DEFAULTS
 
     out = tmp_path_factory.mktemp("finished") / "out"
@@ -363,7 +365,12 @@ def finished_run(tmp_path_factory):
     cli.run("comfedl_dro", DEFAULTS, argv)
     run_dir = out / "comfedl_dro" / "r"
     files = sorted(str(p.relative_to(run_dir)) for p in run_dir.rglob("*") if p.is_file())
-    return run_dir, files
+    kinds: dict[str, str] = {}  # one file of each kind: the second sub-run's and the other
+    for rel in files:  # figures are written the same way as the first's
+        kind = rel.replace("comfedl-seed0", "fedavg-seed0")
+        kind = kind.rsplit("/", 1)[0] + Path(kind).suffix if kind.startswith("figures/") else kind
+        kinds.setdefault(kind, rel)
+    return run_dir, sorted(kinds.values())
 
 
 def resume_damaged(run_dir, rel: str, how: str, tmp_path) -> tuple[object, list[str], bool]:
@@ -416,9 +423,10 @@ def test_each_damaged_file_of_a_run_folder_is_one_line_or_a_run_that_says_so(
     exit 2 with one line, or a complete run whose messages are single ``lit_fedco:`` lines
     (no traceback); the file outside the run folder that a link points to is never written."""
     run_dir, files = finished_run
+    kinds = {f.replace("comfedl", "fedavg") for f in files}
     assert {"config.yaml", "results.json", "table.txt", "fedavg-seed0/status.json",
             "fedavg-seed0/metrics.jsonl", "fedavg-seed0/metrics.csv",
-            "fedavg-seed0/partition.json"} <= set(files)  # fmt: skip
+            "fedavg-seed0/partition.json"} <= kinds  # fmt: skip
     failures = []
     for rel in files:
         code, err, kept = resume_damaged(run_dir, rel, how, tmp_path)
