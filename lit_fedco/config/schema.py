@@ -228,10 +228,10 @@ def value_checks() -> dict[str, Any]:
     by dotted key: ``one_of`` (the names the key accepts, read from the modules that define
     them; ``refs``: a ``MODULE:NAME`` is accepted too, and checked when it is imported) or
     ``min`` (an int's lower bound), each with the full check's ``expected`` and ``example``."""
-    from lit_fedco.core.models import MODELS
+    from lit_fedco.core.models import MODEL_BUFFERS, MODELS
     from lit_fedco.data import names
     from lit_fedco.engine.executors import AUTO, EXECUTORS
-    from lit_fedco.experiment.assemble import ACCELERATORS, DTYPES, MODEL_BUFFERS
+    from lit_fedco.engine.schedule import ACCELERATORS, DTYPES
 
     sources = (*names.BUILTIN_SOURCES, *names.OTHER_SOURCES)
     partitions = (*names.PARTITIONS, "classes")  # classes: the few-shot split's own

@@ -612,6 +612,8 @@ def model_factory(ref: str) -> tuple[Callable[..., nn.Module], type | None]:
     return obj, None
 
 
+MODEL_BUFFERS = ("average", "local")
+"""``model.buffers``: running statistics averaged like the parameters, or kept per client."""
 MODEL_KEYS = ("name", "hidden", "buffers")
 """lit_fedco's own ``model.*`` keys, which a researcher's ``Params`` may not reuse."""
 

@@ -5,9 +5,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import torch
+
 from lit_fedco.core.errors import ConfigError
 from lit_fedco.core.server_opt import ServerOptConfig
 from lit_fedco.engine.failures import Failures
+
+DTYPES = {"float32": torch.float32, "float64": torch.float64}
+"""``dtype``: the run's parameter and data types."""
+ACCELERATORS = ("cpu", "cuda", "gpu", "mps", "auto")
+"""``accelerator``: what Lightning Fabric is asked for."""
 
 
 @dataclass(frozen=True)

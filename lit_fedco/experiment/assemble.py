@@ -20,6 +20,7 @@ from lit_fedco.config.load import node_params, problem_name
 from lit_fedco.core.errors import ConfigError
 from lit_fedco.core.models import (
     BATCH_STATISTICS_MODELS,
+    MODEL_BUFFERS,
     MODEL_KEYS,
     build_model,
     call,
@@ -33,6 +34,7 @@ from lit_fedco.data import FederatedData, make_federated
 from lit_fedco.engine.executors import choose_executor, make_executor
 from lit_fedco.engine.failures import Failures
 from lit_fedco.engine.loop import LoopConfig
+from lit_fedco.engine.schedule import ACCELERATORS, DTYPES
 from lit_fedco.engine.store import owned_by
 from lit_fedco.experiment import checkpoint as ckpt
 from lit_fedco.experiment.jobs import per_core_limit
@@ -54,10 +56,6 @@ from lit_fedco.updaters.base import (
     trained_composition,
 )
 
-DTYPES = {"float32": torch.float32, "float64": torch.float64}
-
-
-ACCELERATORS = ("cpu", "cuda", "gpu", "mps", "auto")
 STRATEGIES = ("auto", "ddp")
 """The strategies the loop runs on: it shards clients over processes itself and never wraps the
 model, so only plain processes with a process group (``ddp``; ``auto``: ``ddp`` for more than
@@ -379,8 +377,6 @@ class Assembly:
         return self._updaters[key]
 
 
-MODEL_BUFFERS = ("average", "local")
-"""``model.buffers``: running statistics averaged like the parameters, or kept per client."""
 SEED_LIMIT = 2**32
 """Seeds are below 2^32: each names random streams through numpy's 32-bit seed words."""
 EMBEDDED_SOURCES = frozenset({"digits", "digits_st", "invariant_logreg"})
