@@ -15,45 +15,14 @@ so that ``config.yaml``, a resume and the processes Fabric starts import the sam
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import re
-import traceback
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
 from lit_fedco.config.parser import CommandLine, is_ref
 from lit_fedco.core.errors import ConfigError
-
-
-def _import(module: str, key: str) -> Any:
-    """Import ``module``; a missing module or an error inside it is one line naming it."""
-    try:
-        return importlib.import_module(module)
-    except ModuleNotFoundError as err:
-        if err.name is not None and (module == err.name or module.startswith(f"{err.name}.")):
-            raise ConfigError(
-                f"{key}: cannot import module {module!r} ({err}); run from the folder that "
-                "holds it, put that folder on PYTHONPATH, or install the package",
-                key=key,
-            ) from None
-        raise _failed(module, key, err) from None
-    except Exception as err:  # the user's module raised while it was imported
-        raise _failed(module, key, err) from None
-
-
-def _failed(module: str, key: str, err: BaseException) -> ConfigError:
-    """One line for a module that raised on import: the error and where it was raised."""
-    frames = traceback.extract_tb(err.__traceback__)
-    where = f" at {frames[-1].filename}:{frames[-1].lineno}" if frames else ""
-    if isinstance(err, SyntaxError):
-        where = f" at {err.filename}:{err.lineno}"
-    first = (str(err).splitlines() or [""])[0][:200]
-    return ConfigError(
-        f"{key}: importing module {module!r} failed ({type(err).__name__}: {first}{where}); "
-        "fix the module",
-        key=key,
-    )
+from lit_fedco.core.imports import import_module
 
 
 def snake(name: str) -> str:
@@ -71,7 +40,7 @@ def resolve_class(ref: str) -> str:
     from lit_fedco.updaters.base import _REGISTRY, CompositionalUpdater, register
 
     module_name, _, class_name = ref.partition(":")
-    module = _import(module_name, "updater")
+    module = import_module(module_name, "updater")
     cls = getattr(module, class_name, None)
     if cls is None:
         found = sorted(
@@ -122,11 +91,23 @@ def import_plugins(cmd: CommandLine) -> CommandLine:
             names[ref] = resolve_class(ref)
             modules.append(ref.partition(":")[0])
         else:
-            _import(ref, "plugins")
+            import_module(ref, "plugins")
             modules.append(ref)
     layers = [(source, _replaced(layer, names)) for source, layer in cmd.layers]
     record = ("the plugins the command line names", {"plugins": list(dict.fromkeys(modules))})
     return dataclasses.replace(cmd, layers=[*layers, record])
+
+
+def _last_name(cmd: CommandLine, node: str) -> str | None:
+    """The ``<node>.name`` the command line's layers set last (None: none sets it)."""
+    name = None
+    for _, layer in cmd.layers:
+        values = OmegaConf.to_container(layer, resolve=False) if isinstance(
+            layer, DictConfig) else layer  # fmt: skip
+        part = values.get(node) if isinstance(values, dict) else None
+        if isinstance(part, dict) and isinstance(part.get("name"), str):
+            name = part["name"]
+    return name
 
 
 def _model_params(cmd: CommandLine) -> None:
@@ -137,13 +118,7 @@ def _model_params(cmd: CommandLine) -> None:
     Raises:
         ConfigError: (key ``model.name``) a module or name that cannot be found or imported.
     """
-    name = None
-    for _, layer in cmd.layers:
-        values = OmegaConf.to_container(layer, resolve=False) if isinstance(
-            layer, DictConfig) else layer  # fmt: skip
-        model = values.get("model") if isinstance(values, dict) else None
-        if isinstance(model, dict) and isinstance(model.get("name"), str):
-            name = model["name"]
+    name = _last_name(cmd, "model")
     if name is None or ":" not in name:
         return
     from lit_fedco.config.catalog import extend_node
@@ -165,13 +140,7 @@ def _data_params(cmd: CommandLine) -> None:
     """
     from lit_fedco.data.names import is_function_ref
 
-    name = None
-    for _, layer in cmd.layers:
-        values = OmegaConf.to_container(layer, resolve=False) if isinstance(
-            layer, DictConfig) else layer  # fmt: skip
-        data = values.get("data") if isinstance(values, dict) else None
-        if isinstance(data, dict) and isinstance(data.get("name"), str):
-            name = data["name"]
+    name = _last_name(cmd, "data")
     if name is None or not is_function_ref(name):
         return
     from lit_fedco.config.catalog import extend_node, load

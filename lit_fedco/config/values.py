@@ -51,6 +51,15 @@ def check_values(cfg: DictConfig, cat: dict[str, Any] | None = None) -> None:
                 raise ConfigError.bad_value(key, value, check["expected"], example)
         elif "min" in check and isinstance(value, int) and value < check["min"]:
             raise ConfigError.bad_value(key, value, check["expected"], check["example"])
+    check_repeats(cfg)
+
+
+def check_repeats(cfg: Any) -> None:
+    """At least one updater, and no updater or seed twice (a repeat would repeat a run).
+
+    Raises:
+        ConfigError: naming ``updaters`` or ``seeds``, with the list without its repeats.
+    """
     names = [str(n) for n in cfg.updaters]
     if not names or len(set(names)) != len(names):
         fix = f"[{','.join(dict.fromkeys(names)) or 'fedavg'}]"

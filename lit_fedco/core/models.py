@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import importlib
 import inspect
 import math
 import weakref
@@ -26,6 +25,7 @@ from torch.func import functional_call
 
 from lit_fedco.core.autodiff import transformed
 from lit_fedco.core.errors import ConfigError
+from lit_fedco.core.imports import import_module
 
 
 class LogisticRegression(nn.Module):
@@ -560,18 +560,7 @@ def model_factory(ref: str) -> tuple[Callable[..., nn.Module], type | None]:
         raise ConfigError.bad_value(
             "model.name", ref, "one of the built-in names or MODULE:NAME", "my_models:MyCNN"
         )
-    try:
-        module = importlib.import_module(module_name)
-    except ModuleNotFoundError as err:
-        if err.name is not None and (module_name == err.name or module_name.startswith(err.name)):
-            raise ConfigError(
-                f"model.name: cannot import module {module_name!r} ({err}); run from the "
-                "folder that holds it, put that folder on PYTHONPATH, or install the package",
-                key="model.name",
-            ) from None
-        raise _import_failed(module_name, err) from None
-    except Exception as err:  # the user's module raised while it was imported
-        raise _import_failed(module_name, err) from None
+    module = import_module(module_name, "model.name")
     obj = getattr(module, attr, None)
     if obj is None or not callable(obj):
         found = sorted(
@@ -616,15 +605,6 @@ MODEL_BUFFERS = ("average", "local")
 """``model.buffers``: running statistics averaged like the parameters, or kept per client."""
 MODEL_KEYS = ("name", "hidden", "buffers")
 """lit_fedco's own ``model.*`` keys, which a researcher's ``Params`` may not reuse."""
-
-
-def _import_failed(module: str, err: BaseException) -> ConfigError:
-    first = (str(err).splitlines() or [""])[0][:200]
-    return ConfigError(
-        f"model.name: importing module {module!r} failed ({type(err).__name__}: {first}); "
-        "fix the module",
-        key="model.name",
-    )
 
 
 def build_user_model(

@@ -33,15 +33,14 @@ can import a data function and list its keys first.
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import inspect
-import traceback
 import typing
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from typing import Any
 
 from lit_fedco.core.errors import ConfigError
+from lit_fedco.core.imports import import_module, raised
 
 ARGUMENTS = ("params", "data_dir", "seed")
 """The keyword arguments a data function may declare."""
@@ -72,33 +71,6 @@ class UserData:
     group_test: Any = None
 
 
-def _import_module(module: str, key: str) -> Any:
-    """Import ``module``; a missing module or an error inside it is one line naming it."""
-    try:
-        return importlib.import_module(module)
-    except ModuleNotFoundError as err:
-        if err.name is not None and (module == err.name or module.startswith(f"{err.name}.")):
-            raise ConfigError(
-                f"{key}: cannot import module {module!r} ({err}); run from the folder that "
-                "holds it, put that folder on PYTHONPATH, or install the package",
-                key=key,
-            ) from None
-        raise _raised(f"importing module {module!r}", key, err) from None
-    except Exception as err:  # the user's module raised while it was imported
-        raise _raised(f"importing module {module!r}", key, err) from None
-
-
-def _raised(what: str, key: str, err: BaseException) -> ConfigError:
-    """One line for user code that raised: the error and where it was raised."""
-    frames = traceback.extract_tb(err.__traceback__)
-    where = f" at {frames[-1].filename}:{frames[-1].lineno}" if frames else ""
-    if isinstance(err, SyntaxError):
-        where = f" at {err.filename}:{err.lineno}"
-    first = (str(err).splitlines() or [""])[0][:200]
-    return ConfigError(f"{key}: {what} failed ({type(err).__name__}: {first}{where}); fix it",
-                       key=key)  # fmt: skip
-
-
 def resolve_function(ref: str) -> Callable[..., Any]:
     """The function ``module:function`` names, imported.
 
@@ -106,7 +78,7 @@ def resolve_function(ref: str) -> Callable[..., Any]:
         ConfigError: a missing module or function, or one that is not callable.
     """
     module_name, _, attr = ref.partition(":")
-    module = _import_module(module_name, "data.name")
+    module = import_module(module_name, "data.name")
     fn = getattr(module, attr, None)
     if fn is None:
         found = sorted(
@@ -230,7 +202,7 @@ def call_function(ref: str, params: Any, data_dir: str, seed: int) -> Any:
     except ConfigError:
         raise
     except Exception as err:
-        raise _raised(f"calling {ref!r}", "data.name", err) from None
+        raise raised(f"calling {ref!r}", "data.name", err) from None
 
 
 def _dataset_arrays(ds: Any, what: str, ref: str) -> tuple[Any, Any, Any]:
@@ -242,7 +214,7 @@ def _dataset_arrays(ds: Any, what: str, ref: str) -> tuple[Any, Any, Any]:
     try:
         items = [ds[i] for i in range(len(ds))]
     except Exception as err:
-        raise _raised(f"reading the {what} Dataset of {ref!r}", key, err) from None
+        raise raised(f"reading the {what} Dataset of {ref!r}", key, err) from None
     if not items or not all(isinstance(it, tuple | list) and len(it) in (2, 3) for it in items):
         first = type(items[0]).__name__ if items else "nothing"
         raise ConfigError(

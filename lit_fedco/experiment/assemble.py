@@ -17,6 +17,7 @@ from lightning.fabric import Fabric
 from omegaconf import DictConfig, OmegaConf
 
 from lit_fedco.config.load import node_params, problem_name
+from lit_fedco.config.values import check_repeats
 from lit_fedco.core.errors import ConfigError
 from lit_fedco.core.models import (
     BATCH_STATISTICS_MODELS,
@@ -462,18 +463,8 @@ def check_run(cfg: DictConfig, built: Assembly | None = None) -> None:
         )  # fmt: skip
     if "wandb" in check_tracking(list(cfg.tracking), cfg.project):
         check_wandb_server()  # online: the server answers, or offline with a warning
+    check_repeats(cfg)
     seeds = list(cfg.seeds)
-    names = list(cfg.updaters)
-    if not names or len(set(names)) != len(names):
-        fix = f"[{','.join(dict.fromkeys(names)) or 'fedavg'}]"
-        raise ConfigError.bad_value(
-            "updaters", names, "at least one updater, each once (nothing to run otherwise; a "
-            "repeated one would repeat the same run)", fix,
-        )  # fmt: skip
-    if len(set(seeds)) != len(seeds):
-        raise ConfigError.bad_value(
-            "seeds", seeds, "distinct seeds (a repeated seed repeats the same run)", "[0,1,2]"
-        )
     if cfg.seed < 0:
         raise ConfigError.bad_value("seed", cfg.seed, "an int >= 0 (numpy's seeds)", "0")
     if any(s < 0 for s in seeds):
