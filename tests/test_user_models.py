@@ -3,9 +3,10 @@ model state (averaged, or kept per client with ``model.buffers=local``), train /
 dropout seeded per (seed, client, round, step), a recurrent model, the executor ``auto``
 probe, and every way of naming a model wrongly (one line, exit code 2, nothing written).
 
-Tolerances: the running statistics equal a plain PyTorch loop's bit for bit (the same
-forward); the parameters agree to 1e-6 (float32: autograd and ``torch.func.grad`` sum the
-convolution's gradient in different orders)."""
+Tolerances: client by client, the running statistics equal a plain PyTorch loop's bit for bit
+(the same forward); vmapped, and for the parameters, they agree to 1e-6 (float32: vmapped
+convolutions and ``torch.func.grad`` take kernels that sum in other orders, which differ
+between AVX2 and AVX-512 CPUs)."""
 
 from __future__ import annotations
 
@@ -187,9 +188,9 @@ def test_a_round_of_fedavg_with_batch_norm_is_a_plain_training_loop(executor, mo
         opt.step()
     want = ref.state_dict()
     for name, value in res.server["x"].items():
-        if name in running_stats(model):
-            assert torch.equal(value, want[name]), name
-        else:
+        if name in running_stats(model) and executor is SequentialExecutor:
+            assert torch.equal(value, want[name]), name  # the same kernels as the plain loop
+        else:  # vmapped convolutions take other kernels (AVX2 against AVX-512: other sums)
             torch.testing.assert_close(value, want[name], rtol=0, atol=1e-6)
     assert len(forwards) == (0 if executor is SequentialExecutor else 4)
 
