@@ -3,29 +3,39 @@ the stateless forwards the objectives call.
 
 The model's state is a plain dict: its parameters and, for a model with batch normalisation,
 its running statistics (``running_mean`` / ``running_var`` of every ``_BatchNorm`` that tracks
-them: :func:`running_stats`). Training forwards normalise with each batch's own statistics and
-leave the running ones untouched (:func:`call`); the round updates them after every local step
-from the step's batch (:func:`updated_stats`), and evaluation, in eval mode, normalises with
-them. Every other buffer stays in the module, read-only."""
+them: :func:`~lit_fedco.core.model_stats.running_stats`). Training forwards normalise with each
+batch's own statistics and leave the running ones untouched (:func:`call`); the round updates
+them after every local step from the step's batch
+(:func:`~lit_fedco.core.model_stats.updated_stats`), and evaluation, in eval mode, normalises
+with them. Every other buffer stays in the module, read-only.
+
+The running statistics live in :mod:`lit_fedco.core.model_stats`, the parameter swap of a
+module's own forward in :mod:`lit_fedco.core.swap`, and a researcher's model
+(``MODULE:NAME``) in :mod:`lit_fedco.core.user_models`; the names other code imports from here
+are re-exported."""
 
 from __future__ import annotations
 
-import contextlib
-import dataclasses
-import inspect
 import math
-import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.func import functional_call
 
-from lit_fedco.core.autodiff import transformed
 from lit_fedco.core.errors import ConfigError
-from lit_fedco.core.imports import import_module
+from lit_fedco.core.model_stats import call_with_stats
+from lit_fedco.core.model_stats import model_state as model_state
+from lit_fedco.core.model_stats import running_stats as running_stats
+from lit_fedco.core.model_stats import set_model_state as set_model_state
+from lit_fedco.core.model_stats import updated_stats as updated_stats
+from lit_fedco.core.swap import Params, swapped_call
+from lit_fedco.core.user_models import MODEL_BUFFERS as MODEL_BUFFERS
+from lit_fedco.core.user_models import MODEL_KEYS as MODEL_KEYS
+from lit_fedco.core.user_models import build_user_model
+from lit_fedco.core.user_models import is_model_ref as is_model_ref
+from lit_fedco.core.user_models import model_factory as model_factory
 
 
 class LogisticRegression(nn.Module):
@@ -181,9 +191,6 @@ MODELS = ("logreg", "mlp", "resnet20", "linear", "cnn", "conv4", "char_lstm")
 
 
 # ---------------------------------------------------------------------- stateless forwards
-Params = dict[str, torch.Tensor]
-
-
 def _linear(m: nn.Linear, p: Params, name: str, x: torch.Tensor) -> torch.Tensor:
     return F.linear(x, p[f"{name}.weight"], p[f"{name}.bias"] if m.bias is not None else None)
 
@@ -279,36 +286,13 @@ def call(model: nn.Module, params: Params, x: torch.Tensor) -> torch.Tensor:
     mode on copies of the statistics, which the forward updates and this call drops: the
     output and its gradient are a plain training forward's, and no tensor of ``params`` is
     written; in eval mode on the statistics themselves); else the module's own ``forward``
-    with ``params`` in place of its parameters (:func:`_swapped_call`)."""
+    with ``params`` in place of its parameters (:func:`~lit_fedco.core.swap.swapped_call`)."""
     fast = STATELESS.get(type(model))
     if fast is not None:
         return fast(model, params, x)
     if running_stats(model):
-        return _call_with_stats(model, params, x)
-    return _swapped_call(model, params, x)
-
-
-# ---------------------------------------------------------------------- running statistics
-_STATS: weakref.WeakKeyDictionary[nn.Module, tuple[tuple[str, ...], tuple[str, ...]]] = (
-    weakref.WeakKeyDictionary()
-)
-
-
-def _stats_names(model: nn.Module) -> tuple[tuple[str, ...], tuple[str, ...]]:
-    """The names of ``model``'s running statistics and of their ``num_batches_tracked``
-    counters, found once per model."""
-    found = _STATS.get(model)
-    if found is None:
-        stats: list[str] = []
-        counters: list[str] = []
-        for prefix, m in model.named_modules():
-            if isinstance(m, nn.modules.batchnorm._BatchNorm) and m.track_running_stats:
-                dot = f"{prefix}." if prefix else ""
-                stats += [f"{dot}running_mean", f"{dot}running_var"]
-                counters.append(f"{dot}num_batches_tracked")
-        found = (tuple(stats), tuple(counters))
-        _STATS[model] = found
-    return found
+        return call_with_stats(model, params, x)
+    return swapped_call(model, params, x)
 
 
 def draws_randomly(model: nn.Module) -> bool:
@@ -317,382 +301,11 @@ def draws_randomly(model: nn.Module) -> bool:
     return any(isinstance(m, nn.modules.dropout._DropoutNd) for m in model.modules())
 
 
-def running_stats(model: nn.Module) -> tuple[str, ...]:
-    """The names of ``model``'s running statistics (``running_mean`` and ``running_var`` of
-    every batch norm that tracks them), which are part of its state dict (:func:`model_state`);
-    empty for a model without them (every built-in model)."""
-    return _stats_names(model)[0]
-
-
-def check_running_stats(model: nn.Module, where: str) -> None:
-    """Refuse batch norms whose running statistics are cumulative averages (``momentum=None``):
-    their update depends on a count of batches that the federated state does not carry.
-
-    Raises:
-        ConfigError: naming ``where`` (the config key) and the module.
-    """
-    for prefix, m in model.named_modules():
-        bn = isinstance(m, nn.modules.batchnorm._BatchNorm) and m.track_running_stats
-        if bn and m.momentum is None:
-            raise ConfigError(
-                f"{where}: the model's batch norm {prefix or type(m).__name__!r} has "
-                "momentum=None (a cumulative average of its statistics), which federated "
-                "training cannot carry; give it a momentum (e.g. the default 0.1)",
-                key=where,
-            )
-
-
-_CAPTURE: weakref.WeakKeyDictionary[nn.Module, list[Any]] = weakref.WeakKeyDictionary()
-
-
-@contextlib.contextmanager
-def capturing_stats(model: nn.Module) -> Iterator[list[Any]]:
-    """Within it, the first training forward of ``model`` run outside every ``torch.func``
-    transform records ``(inputs, the running statistics it left, the tensors it started
-    from)`` in the yielded list: a step's own forward gives the statistics the round would
-    otherwise compute with a forward of its own (:func:`updated_stats`)."""
-    slot: list[Any] = []
-    _CAPTURE[model] = slot
-    try:
-        yield slot
-    finally:
-        _CAPTURE.pop(model, None)
-
-
-def _buffer_slot(model: nn.Module, name: str) -> tuple[nn.Module, str]:
-    *path, attr = name.split(".")
-    module = model
-    for step in path:
-        module = module._modules[step]  # type: ignore[assignment]
-    return module, attr
-
-
-def _call_with_stats(model: nn.Module, params: Params, x: torch.Tensor) -> torch.Tensor:
-    """:func:`call` of a model with running statistics: the statistics of ``params`` (train
-    mode: fresh copies, and fresh counters, which the forward updates) put in the batch norms'
-    buffers for the forward and the module's own put back after it; the parameters swapped as
-    :func:`_swapped_call` swaps them."""
-    stats, counters = _stats_names(model)
-    values = _with_stats_copies(model, params)
-    plain = {k: v for k, v in params.items() if k not in stats}
-    swapped: list[tuple[nn.Module, str, Any]] = []
-    try:
-        for name in (*stats, *counters) if model.training else stats:
-            module, attr = _buffer_slot(model, name)
-            swapped.append((module, attr, module._buffers[attr]))
-            module._buffers[attr] = values[name]
-        out = _swapped_call(model, plain, x)
-    finally:
-        for module, attr, own in reversed(swapped):
-            module._buffers[attr] = own
-    slot = _CAPTURE.get(model)
-    if slot is not None and not slot and model.training and not transformed():
-        slot.append((x, {n: values[n] for n in stats}, {n: params[n] for n in stats}))
-    return out
-
-
-def _with_stats_copies(model: nn.Module, params: Params) -> Params:
-    """``params`` with, in train mode, fresh copies of the running statistics (and counters)
-    for a forward to update; in eval mode the statistics themselves, detached."""
-    stats, counters = _stats_names(model)
-    out = dict(params)
-    if not model.training:  # read, never written; not differentiated (an adapted model's are
-        for name in stats:  # computed from the parameters under autograd)
-            out[name] = params[name].detach()
-        return out
-    for name in stats:
-        out[name] = params[name].detach().clone()
-    for name in counters:
-        out[name] = torch.zeros((), dtype=torch.long)
-    return out
-
-
-def updated_stats(model: nn.Module, params: Params, x: torch.Tensor) -> Params:
-    """The running statistics after one training forward of ``model`` on ``x`` under
-    ``params`` (which holds the statistics before it): what a plain PyTorch loop's forward
-    leaves in the batch norms' buffers, ``r ← (1 − momentum)·r + momentum·batch statistic``.
-    Computed without gradients; works under ``vmap`` (each client its own statistics)."""
-    was_training = model.training
-    model.train()
-    try:
-        with torch.no_grad():
-            copies = _with_stats_copies(model, params)
-            functional_call(model, copies, (x,))
-    finally:
-        model.train(was_training)
-    return {name: copies[name] for name in running_stats(model)}
-
-
-def captured_stats(
-    slot: list[Any], model: nn.Module, params: Params, x: torch.Tensor
-) -> Params | None:
-    """The statistics :func:`capturing_stats` recorded in ``slot``, if its forward was the one
-    :func:`updated_stats` would run: on ``x`` itself, from the statistics of ``params`` (the
-    same tensors, or views of the same memory); else None."""
-    if not slot:
-        return None
-    inputs, stats, sources = slot[0]
-    same_inputs = inputs is x or (
-        inputs.data_ptr() == x.data_ptr() and inputs.shape == x.shape
-        and inputs.stride() == x.stride()
-    )  # fmt: skip
-    if not same_inputs:
-        return None
-    for name, source in sources.items():
-        own = params[name]
-        if source is not own and (source.data_ptr() != own.data_ptr() or source.shape != own.shape):
-            return None
-    return dict(stats)
-
-
-def model_state(model: nn.Module, dtype: torch.dtype | None = None) -> Params:
-    """Detached copies of ``model``'s parameters and then its running statistics
-    (:func:`running_stats`), as one plain dict: a client's model state."""
-    out = {name: p.detach().clone().to(dtype or p.dtype) for name, p in model.named_parameters()}
-    buffers = dict(model.named_buffers())
-    for name in running_stats(model):
-        b = buffers[name]
-        out[name] = b.detach().clone().to(dtype or b.dtype)
-    return out
-
-
-def set_model_state(model: nn.Module, state: Params) -> None:
-    """Make ``state`` (:func:`model_state`'s layout) the model's parameters and running
-    statistics (copies, in their own dtype)."""
-    own = {**dict(model.named_parameters()), **dict(model.named_buffers())}
-    for name, value in state.items():
-        own[name].data = value.detach().clone().to(own[name].device)
-
-
-_Slot = tuple[nn.Module | None, str, nn.Parameter]
-"""Where a parameter lives: (its module, None for the model itself; its attribute; itself)."""
-_Link = tuple[nn.Module | None, str, nn.Module]
-"""One step of the path to a parameter: (a module, None for the model; a child's name; the
-child)."""
-_PLACES: weakref.WeakKeyDictionary[nn.Module, tuple[dict[str, _Slot], list[_Link]] | None] = (
-    weakref.WeakKeyDictionary()
-)
-
-
-def _places(model: nn.Module) -> tuple[dict[str, _Slot], list[_Link]] | None:
-    """Where each parameter of ``model`` lives, by name, and the links from the model down to
-    their modules (each held by its parent, never the model itself, so that the model can be
-    collected); None when one parameter has two names (tied weights, which
-    ``functional_call`` unties). Found once, and again when a link or a parameter changed."""
-    if model in _PLACES:
-        places = _PLACES[model]
-        if places is None or all(
-            (model if parent is None else parent)._modules.get(name) is child
-            for parent, name, child in places[1]
-        ):
-            return places
-    slots: dict[str, _Slot] = {}
-    links: dict[tuple[int, str], _Link] = {}
-    seen: set[int] = set()
-    for name, p in model.named_parameters(remove_duplicate=False):
-        if id(p) in seen:  # tied: functional_call unties them
-            _PLACES[model] = None
-            return None
-        seen.add(id(p))
-        *path, attr = name.split(".")
-        owner = model
-        for step in path:
-            child = owner._modules[step]
-            assert child is not None  # named_parameters walks no empty slot
-            links[(id(owner), step)] = (None if owner is model else owner, step, child)
-            owner = child
-        slots[name] = (None if owner is model else owner, attr, p)
-    _PLACES[model] = found = (slots, list(links.values()))
-    return found
-
-
-def _swapped_call(model: nn.Module, params: Params, x: torch.Tensor) -> torch.Tensor:
-    """:func:`torch.func.functional_call` ``(model, params, (x,))``: each tensor of ``params``
-    put where its parameter lives for the forward, the parameters put back after it. The same
-    swap ``functional_call`` makes, with the parameters' places found once per model (and again
-    after the model changed) instead of at every call: a ``simple_cnn`` step 60–90 µs less.
-    Tied weights, or a name that is no parameter, go to ``functional_call`` itself."""
-    places = _places(model)
-    if places is None or not params.keys() <= places[0].keys():
-        return functional_call(model, params, (x,))
-    slots = places[0]
-    swapped: list[tuple[nn.Module, str, nn.Parameter]] = []
-    try:
-        for name, t in params.items():
-            owner, attr, p = slots[name]
-            module = model if owner is None else owner
-            if module._parameters.get(attr) is not p:  # a parameter replaced: found again next
-                _PLACES.pop(model, None)
-                break
-            module._parameters[attr] = t  # type: ignore[assignment]
-            swapped.append((module, attr, p))
-        else:
-            return model(x)
-    finally:
-        for module, attr, p in swapped:
-            module._parameters[attr] = p
-    return functional_call(model, params, (x,))
-
-
 BATCH_STATISTICS_MODELS = frozenset({"conv4"})
 """Models whose batch norm normalises with each batch's own statistics. A vjp of a gradient
 through them (ComFedL-MAML's pullback of the adaptation step, Per-FedAvg's Hessian-vector
 product) raises under ``vmap`` in torch 2.14 ("accessing `data` under vmap transform is not
 allowed"); grad of grad (FCSG's MAML) does not."""
-
-
-def is_model_ref(name: str) -> bool:
-    """Whether ``model.name`` names a researcher's model, ``MODULE:NAME``."""
-    return ":" in name
-
-
-def model_factory(ref: str) -> tuple[Callable[..., nn.Module], type | None]:
-    """The class or factory ``MODULE:NAME`` names, and its parameters' dataclass (its
-    ``Params`` attribute, a frozen dataclass whose fields are ``model.*`` keys; None if it
-    declares none).
-
-    Raises:
-        ConfigError: (key ``model.name``) a module that cannot be imported, a missing name, or
-            a name that is neither an ``nn.Module`` class nor a callable.
-    """
-    module_name, _, attr = ref.partition(":")
-    if not module_name or not attr.isidentifier():
-        raise ConfigError.bad_value(
-            "model.name", ref, "one of the built-in names or MODULE:NAME", "my_models:MyCNN"
-        )
-    module = import_module(module_name, "model.name")
-    obj = getattr(module, attr, None)
-    if obj is None or not callable(obj):
-        found = sorted(
-            k for k, v in vars(module).items()
-            if isinstance(v, type) and issubclass(v, nn.Module) and v.__module__ == module.__name__
-        )  # fmt: skip
-        what = "no" if obj is None else f"a non-callable {type(obj).__name__}"
-        raise ConfigError(
-            f"model.name: module {module_name!r} has {what} {attr!r} (its nn.Module classes: "
-            f"{', '.join(found) or 'none'}); name an nn.Module class or a factory function, "
-            f"e.g. model.name={module_name}:{found[0] if found else 'MyNet'}",
-            key="model.name",
-        )
-    params_cls = getattr(obj, "Params", None)
-    if params_cls is not None and not dataclasses.is_dataclass(params_cls):
-        raise ConfigError(
-            f"model.name: {ref}.Params is a {type(params_cls).__name__}, expected a dataclass "
-            "(its fields are the model.* keys); decorate it with @dataclasses.dataclass",
-            key="model.name",
-        )
-    if isinstance(params_cls, type):
-        for f in dataclasses.fields(params_cls):
-            no_default = f.default is dataclasses.MISSING
-            if no_default and f.default_factory is dataclasses.MISSING:
-                raise ConfigError(
-                    f"model.name: {ref}.Params.{f.name} has no default; give every field of "
-                    "Params a default (the model.* key's value when none is set)",
-                    key="model.name",
-                )
-            if f.name in MODEL_KEYS:
-                raise ConfigError(
-                    f"model.name: {ref}.Params.{f.name} clashes with lit_fedco's own key "
-                    f"model.{f.name}; rename the field (lit_fedco's keys: "
-                    f"{', '.join(MODEL_KEYS)})",
-                    key="model.name",
-                )
-        return obj, params_cls
-    return obj, None
-
-
-MODEL_BUFFERS = ("average", "local")
-"""``model.buffers``: running statistics averaged like the parameters, or kept per client."""
-MODEL_KEYS = ("name", "hidden", "buffers")
-"""lit_fedco's own ``model.*`` keys, which a researcher's ``Params`` may not reuse."""
-
-
-def build_user_model(
-    ref: str,
-    input_shape: tuple[int, ...],
-    num_classes: int,
-    seed: int,
-    params: dict[str, Any] | None = None,
-) -> nn.Module:
-    """Build a researcher's model ``MODULE:NAME``: ``NAME(input_shape, num_classes)`` with
-    ``seed=`` and ``params=`` (its ``Params`` built from ``params``, the ``model.*`` keys)
-    passed too when its signature takes them, under a generator seeded by ``seed``; its
-    output for two rows of zeros must be ``[2, num_classes]``.
-
-    Raises:
-        ConfigError: (key ``model.name``) see :func:`model_factory`; a call that fails; a
-            result that is not an ``nn.Module``, or outputs of the wrong shape.
-    """
-    factory, params_cls = model_factory(ref)
-    kwargs: dict[str, Any] = {}
-    try:
-        accepted = inspect.signature(factory).parameters
-    except (TypeError, ValueError):  # a builtin without a signature
-        accepted = {}  # type: ignore[assignment]
-    if "seed" in accepted:
-        kwargs["seed"] = seed
-    if params_cls is not None and "params" in accepted:
-        names = {f.name for f in dataclasses.fields(params_cls)}
-        kwargs["params"] = params_cls(**{k: v for k, v in (params or {}).items() if k in names})
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        try:
-            model = factory(tuple(input_shape), num_classes, **kwargs)
-        except ConfigError:
-            raise
-        except Exception as err:
-            first = (str(err).splitlines() or [""])[0][:200]
-            raise ConfigError(
-                f"model.name: {ref}(input_shape={tuple(input_shape)}, num_classes="
-                f"{num_classes}{', seed=...' if 'seed' in kwargs else ''}"
-                f"{', params=...' if 'params' in kwargs else ''}) raised {type(err).__name__}: "
-                f"{first}; a model is built as NAME(input_shape, num_classes[, seed][, params])",
-                key="model.name",
-            ) from None
-    if not isinstance(model, nn.Module):
-        raise ConfigError(
-            f"model.name: {ref} returned a {type(model).__name__}, expected a torch.nn.Module",
-            key="model.name",
-        )
-    check_running_stats(model, "model.name")
-    _check_outputs(model, ref, input_shape, num_classes)
-    return model
-
-
-def _check_outputs(
-    model: nn.Module, ref: str, input_shape: tuple[int, ...], num_classes: int
-) -> None:
-    """One eval-mode forward of two rows of zeros (token id 0 for integer inputs) must give
-    ``[2, num_classes]``."""
-    p = next(model.parameters(), None)
-    dtype = p.dtype if p is not None else torch.get_default_dtype()
-    x = torch.zeros((2, *input_shape), dtype=dtype)
-    was_training = model.training
-    model.eval()
-    try:
-        with torch.no_grad():
-            try:
-                out = model(x)
-            except Exception:  # token inputs (an embedding) take integer ids
-                out = model(x.long())
-    except Exception as err:
-        first = (str(err).splitlines() or [""])[0][:200]
-        raise ConfigError(
-            f"model.name: {ref} fails on inputs of the data's shape [2, "
-            f"{', '.join(map(str, input_shape))}] ({type(err).__name__}: {first}); make its "
-            "forward take the data set's rows",
-            key="model.name",
-        ) from None
-    finally:
-        model.train(was_training)
-    shape = tuple(out.shape) if isinstance(out, torch.Tensor) else None
-    if shape != (2, num_classes):
-        raise ConfigError(
-            f"model.name: {ref} gives outputs of shape {list(shape) if shape else type(out)} "
-            f"for 2 rows, expected [2, {num_classes}] (one output per class of the data); "
-            "make its last layer's size the num_classes it is built with",
-            key="model.name",
-        )
 
 
 def build_model(

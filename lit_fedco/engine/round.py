@@ -40,13 +40,13 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor
 
-from lit_fedco.core.models import (
+from lit_fedco.core.model_stats import (
     captured_stats,
     capturing_stats,
-    draws_randomly,
     running_stats,
     updated_stats,
 )
+from lit_fedco.core.models import draws_randomly
 from lit_fedco.core.protocol import LOCAL_STATS, RoundContext, RoundInfo, StepInfo, Sync
 from lit_fedco.core.seeding import dropout_seed
 from lit_fedco.core.server_opt import ServerOptimizer
@@ -353,8 +353,8 @@ def _model_step(
 def _own_stats(upd: CompositionalUpdater, step: Any, s: State, b: Any, c: Any) -> Any:
     """One client's out-of-place ``step``, its model entries' running statistics those its own
     first forward left where that forward was on the step's first minibatch at the step's
-    starting point (:func:`~lit_fedco.core.models.captured_stats`), else from a forward of
-    their own (:func:`~lit_fedco.core.models.updated_stats`): the same numbers, one forward
+    starting point (:func:`~lit_fedco.core.model_stats.captured_stats`), else from a forward of
+    their own (:func:`~lit_fedco.core.model_stats.updated_stats`): the same numbers, one forward
     less."""
     model = upd.model
     with capturing_stats(model) as slot:
@@ -437,7 +437,7 @@ def _seeded(step: Any, info: RoundInfo, t: int, s: State, b: Any, c: Any) -> Any
 def _updated_stats(r: _Round, states: State, b: Any, t: int | None) -> State | None:
     """The running statistics of each client's model entries (the updater's ``model_key`` and
     ``personal_key``) after a training forward on the step's first minibatch at the step's
-    starting point (:func:`~lit_fedco.core.models.updated_stats`): what a plain loop's forward
+    starting point (:func:`~lit_fedco.core.model_stats.updated_stats`): what a plain loop's forward
     leaves in the batch norms, written over what the step itself made of them. With ``t``
     (a model that draws randomly), each client's forward is seeded as its step's is."""
     x = _stats_inputs(r.upd, b)

@@ -16,7 +16,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from lit_fedco.core.models import call, call_stacked, model_state, stacks
+from lit_fedco.core.model_stats import model_state
+from lit_fedco.core.models import call, call_stacked, stacks
 from lit_fedco.core.protocol import RoundContext
 
 if TYPE_CHECKING:
@@ -135,5 +136,5 @@ class Objective:
 def model_params(model: nn.Module, dtype: torch.dtype | None = None) -> Params:
     """Detached copies of a module's parameters, then its running statistics if it has batch
     norms that track them, as a plain dict (the ``x`` of the state:
-    :func:`~lit_fedco.core.models.model_state`)."""
+    :func:`~lit_fedco.core.model_stats.model_state`)."""
     return model_state(model, dtype)

@@ -38,7 +38,7 @@ from torch import Tensor, nn
 
 from lit_fedco.core.autodiff import grad_and_value, stacked_grad_and_value
 from lit_fedco.core.errors import ConfigError
-from lit_fedco.core.models import running_stats
+from lit_fedco.core.model_stats import running_stats
 from lit_fedco.core.protocol import LOCAL_STATS, Probe, RoundContext, RoundInfo, StepInfo, Sync
 from lit_fedco.core.server_opt import ServerOptConfig
 from lit_fedco.core.state import State

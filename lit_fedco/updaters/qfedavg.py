@@ -26,7 +26,7 @@ from typing import ClassVar
 import torch
 from torch import Tensor
 
-from lit_fedco.core.models import running_stats
+from lit_fedco.core.model_stats import running_stats
 from lit_fedco.core.protocol import RoundContext, RoundInfo, StepInfo, Sync
 from lit_fedco.core.state import State, tree_leaves, tree_map, tree_scale, tree_sub
 from lit_fedco.objectives.base import Batch, Context
