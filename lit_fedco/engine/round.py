@@ -27,13 +27,15 @@ receives (:class:`Traffic`). Where the updater has its own fast form of ``client
 executor runs that instead, with the same numbers: ``client_step_stacked`` over the vectorized
 executor's stacked clients, ``client_step_inplace`` into the sequential executor's rows at a step
 every client of the process runs.
+
+The round's bookkeeping (:class:`~lit_fedco.engine.round_state.RoundRun`, what it returns, its
+counts) lives in :mod:`lit_fedco.engine.round_state`; the phases from the per-step sync on
+(aggregation, the server step, the write-back, the logs) in :mod:`lit_fedco.engine.round_phases`.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import weakref
-from dataclasses import dataclass
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
@@ -54,6 +56,24 @@ from lit_fedco.core.state import State, broadcast, numel, tree_leaves, tree_map
 from lit_fedco.engine.comm import Comm
 from lit_fedco.engine.executors import Executor
 from lit_fedco.engine.failures import Failures
+from lit_fedco.engine.round_phases import (
+    aggregate,
+    client_stats,
+    end_of_round,
+    round_logs,
+    server_step,
+    sync_step,
+    write_back,
+)
+from lit_fedco.engine.round_state import (
+    Counts,
+    RoundResult,
+    RoundRun,
+    Traffic,
+    add_logs,
+    unique_numel,
+    where_rows,
+)
 from lit_fedco.engine.store import ClientStore
 
 if TYPE_CHECKING:
@@ -63,133 +83,6 @@ if TYPE_CHECKING:
 
     Batches = Callable[[int], Any]
     """``batches(t)``: step t's minibatches of this process's cohort clients, ``[n, ...]``."""
-
-
-@dataclass
-class Traffic:
-    """Floats one client sends (``up``) and receives (``down``) in a round: the average over the
-    cohort's m clients of what each one actually sent and received (fractional when clients
-    fail: a client that stopped sends and receives nothing more)."""
-
-    up: float = 0
-    down: float = 0
-
-
-@dataclass
-class RoundResult:
-    """What a round returns.
-
-    Attributes:
-        server: the new server state.
-        logs: the means of the clients' step logs over the client-steps that ran, under
-            ``train/<name>`` (absent when none ran); what the round context logs, under
-            ``dro/``; and, when clients can fail, ``failures/dropped``, ``failures/partial``
-            (clients that stopped before step I) and ``failures/steps_completed_mean`` (a
-            dropped client counting 0).
-        traffic: floats communicated per client in this round.
-        context: the round context (for callbacks and tests).
-    """
-
-    server: State
-    logs: dict[str, float]
-    traffic: Traffic
-    context: RoundContext
-
-
-@dataclass(frozen=True)
-class Counts:
-    """The round's counts, summed over the processes in the round's one collective (as one
-    tensor, in this order).
-
-    Attributes:
-        participants: clients that completed at least one local step (their uploads count).
-        client_steps: local steps run, over all clients.
-        dropped: clients that completed no step.
-        partial: clients that stopped before step I.
-        samples: the participants' training samples.
-    """
-
-    participants: float
-    client_steps: float
-    dropped: float
-    partial: float
-    samples: float
-
-    @classmethod
-    def of(cls, total: dict[str, Any]) -> Counts:
-        """The counts of a summed payload (:func:`aggregate`)."""
-        return cls(*(float(v) for v in total["counts"].tolist()))
-
-
-@dataclass
-class _Round:
-    """One round's bookkeeping: who runs here, how far each client gets, what was sent."""
-
-    upd: CompositionalUpdater
-    info: RoundInfo
-    clients: Tensor  # this process's cohort clients (sorted)
-    positions: Tensor  # their places in the cohort
-    comm: Comm
-    ex: Executor
-    done: Tensor | None  # t_k per client of this process (CPU); None: every client runs I steps
-    up: float = 0.0  # floats sent by the whole cohort
-    down: float = 0.0  # floats received by the whole cohort
-
-    @property
-    def n(self) -> int:
-        return len(self.clients)
-
-    @property
-    def m(self) -> int:
-        return self.info.cohort_size
-
-    def running(self, t: int, device: torch.device) -> Tensor | None:
-        """The clients of this process still running at step t, as a row mask (None: all)."""
-        return None if self.done is None else _mask(self.done > t, device)
-
-    def count(self, mask: Tensor | None, device: torch.device) -> Tensor:
-        """How many of this process's clients ``mask`` marks (all with None), as a 0-d tensor
-        of the summing dtype, to travel in a collective beside what it counts."""
-        n = self.n if mask is None else int(mask.sum())
-        return torch.tensor(float(n), dtype=self.comm.dtype, device=device)
-
-
-def _mask(flags: Tensor, device: torch.device) -> Tensor | None:
-    """``flags`` (``[n]`` bool) as a row mask on ``device``; None when every row is set: the
-    arithmetic of a round in which every client runs."""
-    return None if bool(flags.all()) else flags.to(device)
-
-
-def _where(mask: Tensor | None, new: Any, old: Any) -> Any:
-    """Rows of ``new`` where ``mask`` (``[n]`` bool), of ``old`` elsewhere; ``new`` when there is
-    no mask. Entries that ``old`` lacks come from ``new`` (a state entry the step creates)."""
-    if mask is None:
-        return new
-    if isinstance(new, dict):
-        return {k: _where(mask, v, old[k]) if k in old else v for k, v in new.items()}
-    return torch.where(mask.view(-1, *[1] * (new.dim() - 1)), new, old)
-
-
-def _sum_rows(v: Tensor, mask: Tensor | None, weights: Tensor | None = None) -> Tensor:
-    """The sum over the leading (client) dimension of the rows where ``mask`` (all rows with
-    None), each row times its weight when ``weights`` (``[n]``) are given."""
-    if weights is not None:
-        v = weights.view(-1, *[1] * (v.dim() - 1)).to(v.dtype) * v
-    if mask is None:
-        return v.sum(0)
-    return torch.where(mask.view(-1, *[1] * (v.dim() - 1)), v, 0).sum(0)
-
-
-def _add_logs(log_sum: dict[str, Any], logs: dict[str, Tensor], running: Tensor | None) -> None:
-    """Add one step's logs (``[n]`` per key) of the clients marked ``running`` (all with None)
-    to the round's sums."""
-    for key, v in logs.items():
-        log_sum[key] = log_sum.get(key, 0.0) + _sum_rows(v.detach(), running)
-
-
-def unique_numel(tree: Any) -> int:
-    """Elements of the distinct tensors of ``tree`` (one tensor under two keys is sent once)."""
-    return sum(t.numel() for t in {id(t): t for t in tree_leaves(tree)}.values())
 
 
 def _step(upd: CompositionalUpdater, step: StepInfo, s: State, b: Any, c: Any) -> Any:
@@ -241,7 +134,7 @@ def _held_batches(batches: Batches, first: Any, steps: int) -> list[Any] | None:
 
 
 # ---------------------------------------------------------------------- phases
-def broadcast_state(r: _Round, server: State, store: ClientStore | None) -> tuple[State, State]:
+def broadcast_state(r: RoundRun, server: State, store: ClientStore | None) -> tuple[State, State]:
     """BROADCAST: what every cohort client receives (``start``, unbatched), and the clients'
     states: ``start`` with each one's kept rows from the store (``[n, ...]``)."""
     upd = r.upd
@@ -259,7 +152,7 @@ def broadcast_state(r: _Round, server: State, store: ClientStore | None) -> tupl
 
 
 def round_context(
-    r: _Round, server: State, states: State, first: Any
+    r: RoundRun, server: State, states: State, first: Any
 ) -> tuple[RoundContext, State]:
     """ROUND CONTEXT: the updater's decisions for the round, from the cohort's probes when it
     asks for them; each client gets its own row of ``per_client``. A client that drops out does
@@ -281,7 +174,7 @@ def round_context(
 
 
 def local_steps(
-    r: _Round, states: State, batches: Batches, first: Any, ctx: RoundContext
+    r: RoundRun, states: State, batches: Batches, first: Any, ctx: RoundContext
 ) -> tuple[State, dict[str, Any], State]:
     """LOCAL STEPS: the one loop over t; client k runs step t while t < t_k. Returns the final
     states, the sums of the step logs over the client-steps that ran, and the last per-step
@@ -308,7 +201,7 @@ def local_steps(
         if stats:
             step = partial(_inplace_own_stats, r.upd, step)
         for logs in r.ex.map_steps(step, states, held, ctx.broadcast, r.n):
-            _add_logs(log_sum, logs, None)
+            add_logs(log_sum, logs, None)
         return states, log_sum, step_mean
     for t in range(r.info.local_steps):
         running = r.running(t, device)
@@ -324,15 +217,15 @@ def local_steps(
             new, logs = r.ex.map(step, states, b, ctx.broadcast, r.n, stacked)
             if fresh is not None:
                 new = {**new, **{k: {**new[k], **v} for k, v in fresh.items()}}
-            states = _where(running, new, states)
-        _add_logs(log_sum, logs, running)
+            states = where_rows(running, new, states)
+        add_logs(log_sum, logs, running)
         if step_keys:
             states, step_mean = sync_step(r, states, step_keys, running, step_mean)
     return states, log_sum, step_mean
 
 
 def _model_step(
-    r: _Round, states: State, b: Any, t: int, stacked: bool, stats: bool, draws: bool
+    r: RoundRun, states: State, b: Any, t: int, stacked: bool, stats: bool, draws: bool
 ) -> tuple[Any, Any, State | None]:
     """Step t's per-client function and batches, and the running statistics to write over
     the step's (None: none, or the function writes them itself). Clients run one by one
@@ -434,7 +327,7 @@ def _seeded(step: Any, info: RoundInfo, t: int, s: State, b: Any, c: Any) -> Any
         return step(s, b, c)
 
 
-def _updated_stats(r: _Round, states: State, b: Any, t: int | None) -> State | None:
+def _updated_stats(r: RoundRun, states: State, b: Any, t: int | None) -> State | None:
     """The running statistics of each client's model entries (the updater's ``model_key`` and
     ``personal_key``) after a training forward on the step's first minibatch at the step's
     starting point (:func:`~lit_fedco.core.model_stats.updated_stats`): what a plain loop's forward
@@ -456,148 +349,6 @@ def _updated_stats(r: _Round, states: State, b: Any, t: int | None) -> State | N
         fn = partial(_seeded, lambda s, bb, c: fresh(s, bb[_INPUTS], c), r.info, t)
     out: State = r.ex.map(fn, {k: states[k] for k in keys}, inputs, {}, r.n)
     return out
-
-
-def sync_step(
-    r: _Round, states: State, keys: list[str], running: Tensor | None, last: State
-) -> tuple[State, State]:
-    """The mean of the STEP entries over the running clients (one collective, the count
-    inside), given back to them; when every client has stopped, the last mean stays."""
-    device = tree_leaves(states)[0].device
-    part = {key: tree_map(lambda v: _sum_rows(v, running), states[key]) for key in keys}
-    total = r.comm.sum_tree({"sum": part, "running": r.count(running, device)})
-    count = round(float(total["running"]))
-    if not count:
-        return states, last
-    mean = tree_map(lambda v: v / count, total["sum"])
-    synced = _where(running, broadcast(mean, r.n), {k: states[k] for k in keys})
-    r.up += count * numel(mean)
-    r.down += count * numel(mean)
-    return {**states, **synced}, mean
-
-
-def end_of_round(r: _Round, states: State, start: State, ctx: RoundContext) -> State:
-    """END OF ROUND: the updater's client hook after the last local step (if it has one), told
-    how many steps each client completed."""
-    if not r.upd.implements("client_end"):
-        return states
-    ref = tree_leaves(states)[0]
-    steps = torch.full((r.n,), float(r.info.local_steps)) if r.done is None else r.done.double()
-    steps = steps.to(ref.device, ref.dtype)
-    end = r.upd.client_end
-    return r.ex.map(lambda s, k, c: end(s, start, c, k), states, steps, ctx.broadcast, r.n)
-
-
-def _client_stats(upd: CompositionalUpdater, states: State) -> State | None:
-    """The running statistics of each client's model after its local steps (None: the model
-    has none, or the clients do not hold it)."""
-    names = running_stats(upd.model)
-    model = states.get(upd.model_key)
-    if not names or not isinstance(model, dict):
-        return None
-    return {name: model[name] for name in names}
-
-
-def aggregate(
-    r: _Round,
-    states: State,
-    ctx: RoundContext,
-    log_sum: dict[str, Any],
-    stats: State | None = None,
-) -> dict[str, Any]:
-    """One collective of the round's sums over the clients that finished: their (weighted)
-    ``ROUND`` entries and weights, the step logs, the participant counts, and the running
-    statistics of their models (weighted as the uploads are), which the server's model then
-    takes as they are (:func:`server_step`)."""
-    device = tree_leaves(states)[0].device
-    done, steps = r.done, r.info.local_steps
-    took = torch.ones(r.n, dtype=torch.bool) if done is None else done > 0
-    finished = _mask(took, device)
-    weights = aggregation_weights(r, ctx, device)
-    sync = r.upd.client_state
-    ups = {k: states[k] for k, s in sync.items() if s is Sync.ROUND and k in states}
-    sizes = r.info.sizes[r.positions][took] if r.info.sizes is not None else torch.zeros(0)
-    counts = Counts(
-        participants=float(took.sum()),
-        client_steps=float(r.n * steps if done is None else done.sum()),
-        dropped=0.0 if done is None else float((done == 0).sum()),
-        partial=0.0 if done is None else float(((done > 0) & (done < steps)).sum()),
-        samples=float(sizes.sum()),
-    )
-    payload: dict[str, Any] = {
-        "up": tree_map(lambda v: _sum_rows(v, finished, weights), ups),
-        "logs": log_sum,
-        "counts": torch.tensor(dataclasses.astuple(counts), dtype=r.comm.dtype, device=device),
-    }
-    if weights is not None:
-        payload["weight"] = _sum_rows(weights.to(r.comm.dtype), finished)
-    if stats is not None:
-        payload["stats"] = tree_map(lambda v: _sum_rows(v, finished, weights), stats)
-    total = r.comm.sum_tree(payload)
-    if stats is not None and r.upd.model_key not in ups:  # sent beside the uploads
-        r.up += round(Counts.of(total).participants) * numel(total["stats"])
-    return total
-
-
-def aggregation_weights(r: _Round, ctx: RoundContext, device: torch.device) -> Tensor | None:
-    """Each of this process's clients' weight in the upload means: the round context's
-    (DRFL's λ_k), or by training samples when the updater declares ``aggregation="samples"``;
-    None: uniform."""
-    if ctx.weights is not None:
-        return ctx.weights[r.positions.to(ctx.weights.device)].to(device)
-    if r.upd.aggregation == "samples" and r.info.sizes is not None:
-        return r.info.sizes[r.positions].to(device)
-    return None
-
-
-def server_step(
-    r: _Round,
-    server: State,
-    total: dict[str, Any],
-    step_mean: State,
-    ctx: RoundContext,
-    server_opt: ServerOptimizer | None,
-) -> State:
-    """SERVER: the means of the uploads, ``server_update``, then the server optimizer on the
-    model (the change the update proposes is its pseudo-gradient). Nothing when every client
-    dropped out."""
-    upd = r.upd
-    counts = Counts.of(total)
-    n_up, samples = round(counts.participants), counts.samples
-    if not n_up:
-        return server
-    mean = tree_map(lambda v: v / n_up, total["up"])
-    stats = tree_map(lambda v: v / n_up, total.get("stats", {}))
-    if "weight" in total:  # Σ w u / Σ w, as a ratio of means over the participants
-        w = total["weight"] / n_up
-        mean = tree_map(lambda v: v / w, mean) if float(w) != 0 else {}
-        stats = tree_map(lambda v: v / w, stats) if float(w) != 0 else {}
-    info = dataclasses.replace(
-        r.info, participants=n_up, participant_samples=samples if r.info.sizes is not None else None
-    )
-    new = upd.server_update(server, {**step_mean, **mean}, ctx, info)
-    key = upd.model_key
-    if server_opt is not None:
-        new = {**new, key: _server_opt_step(server_opt, upd, server[key], new[key])}
-    if stats:  # the clients' statistics, whatever the update made of the model's entries
-        new = {**new, key: {**new[key], **stats}}
-    return new
-
-
-def _server_opt_step(
-    opt: ServerOptimizer, upd: CompositionalUpdater, old: State, proposed: State
-) -> State:
-    """The server optimizer's step on the model's parameters; running statistics are no
-    parameters (a momentum or Adam step on a variance could turn it negative): they are the
-    clients' mean (:func:`server_step`)."""
-    stats = running_stats(upd.model)
-    if not stats:
-        return opt.step(old, proposed)
-    stepped = opt.step(
-        {k: v for k, v in old.items() if k not in stats},
-        {k: v for k, v in proposed.items() if k not in stats},
-    )
-    return {k: stepped[k] if k in stepped else proposed[k] for k in proposed}
 
 
 def federated_round(
@@ -633,12 +384,12 @@ def federated_round(
     """
     done = failures.steps(info, clients) if failures is not None else None
     positions = torch.searchsorted(info.cohort, clients)  # this process's rows of the cohort
-    r = _Round(updater, info, clients, positions, comm, executor, done)
+    r = RoundRun(updater, info, clients, positions, comm, executor, done)
     start, states = broadcast_state(r, server, store)
     first = batches(0)
     ctx, states = round_context(r, server, states, first)
     states, log_sum, step_mean = local_steps(r, states, batches, first, ctx)
-    stats = _client_stats(updater, states)  # before the end hook: it may drop the model
+    stats = client_stats(updater, states)  # before the end hook: it may drop the model
     states = end_of_round(r, states, start, ctx)
     if updater.local_stats and stats is not None:  # kept for the next round (buffers=local)
         states = {**states, LOCAL_STATS: stats}
@@ -649,38 +400,3 @@ def federated_round(
     r.up += round(Counts.of(total).participants) * numel(total["up"])
     traffic = Traffic(r.up / r.m, r.down / r.m)
     return RoundResult(new_server, round_logs(r, total, ctx), traffic, ctx)
-
-
-def write_back(r: _Round, store: ClientStore, states: State) -> None:
-    """The kept rows of this process's clients that finished the round go back to its store
-    (the process owns them: :func:`~lit_fedco.engine.store.owned_clients`)."""
-    rows = {key: states[key] for key in store.rows}
-    if r.done is None:
-        store.write(r.clients, rows)
-        return
-    took = r.done > 0
-    store.write(r.clients[took], tree_map(lambda v: v[took.to(v.device)], rows))
-
-
-def round_logs(r: _Round, total: dict[str, Any], ctx: RoundContext) -> dict[str, float]:
-    """The round's logs: the step logs' means over the client-steps that ran, the failures'
-    counts (when clients can fail) and the round context's weights."""
-    m, steps = r.m, r.info.local_steps
-    counts = Counts.of(total)
-    n_steps, n_dropped, n_partial = (
-        round(c) for c in (counts.client_steps, counts.dropped, counts.partial)
-    )
-    if n_steps == m * steps:  # every client ran every step
-        out = {f"train/{k}": float(v / m) / steps for k, v in total["logs"].items()}
-    else:
-        out = {f"train/{k}": float(v) / n_steps for k, v in total["logs"].items() if n_steps}
-    if r.done is not None:
-        out["failures/dropped"] = float(n_dropped)
-        out["failures/partial"] = float(n_partial)
-        out["failures/steps_completed_mean"] = n_steps / m
-    w = ctx.cohort_weights
-    if w is not None:
-        out["dro/cohort_weight_max"] = float(w.max())
-        out["dro/cohort_weight_entropy"] = float(-(w * w.clamp_min(1e-30).log()).sum())
-    out.update({f"round/{k}": float(v) for k, v in ctx.logged.items()})
-    return out
