@@ -49,7 +49,7 @@ launcher started for the run, which every worker's W&B runs then use
 WORKER_ENV = "LIT_FEDCO_JOBS_WORKER"
 """Set ("1") in a worker's environment: its tasks come from a launcher that checked the whole run
 before handing any out, so a sub-run it runs skips the checks of its input (every updater's
-parameters, the data, the model: :func:`lit_fedco.experiment.assemble.check_run`)."""
+parameters, the data, the model: :func:`lit_fedco.experiment.checks.check_run`)."""
 
 
 @dataclass

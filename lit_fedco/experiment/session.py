@@ -36,10 +36,10 @@ from lit_fedco.data import FederatedData, format_partition_stats
 from lit_fedco.engine.comm import Comm
 from lit_fedco.engine.executors import make_executor
 from lit_fedco.engine.loop import FederatedLoop
+from lit_fedco.engine.schedule import DTYPES
 from lit_fedco.experiment import checkpoint as ckpt
 from lit_fedco.experiment import pretrain
 from lit_fedco.experiment.assemble import (
-    DTYPES,
     RESUMABLE_CHANGES,
     Assembly,
     loop_config,

@@ -1,0 +1,235 @@
+"""What a run will do, decided before any process starts: its folder, what each sub-run
+resumes from, and what is complete already (:class:`Plan`).
+
+Every resume problem is found here, as a :class:`~lit_fedco.core.errors.ConfigError`: a run name
+in use, no run to resume, a checkpoint that does not verify or belongs to another run, a run
+that would be shortened.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig
+
+from lit_fedco.core.errors import ConfigError
+from lit_fedco.experiment import checkpoint as ckpt
+from lit_fedco.experiment import pretrain
+from lit_fedco.experiment.assemble import Assembly
+from lit_fedco.experiment.rundir import (
+    check_entries,
+    check_writable,
+    existing_run_dir,
+    holds_run,
+    read_json,
+)
+from lit_fedco.experiment.session import identity_of, verify
+from lit_fedco.experiment.subruns import SubRunSpec, pretrain_runs, sub_runs
+
+
+@dataclass
+class Plan:
+    """What a run will do, decided before any process starts.
+
+    Attributes:
+        run_dir: the run folder (None: to be created).
+        resume: per sub-run folder name, the checkpoint it continues from.
+        done: per sub-run folder name, the final metrics of a sub-run already complete.
+        notes: lines to print (checkpoints skipped as corrupted, sub-runs complete).
+        branch: a branch from an older checkpoint (``resume=PATH``), else empty.
+    """
+
+    run_dir: Path | None = None
+    resume: dict[str, Path] = field(default_factory=dict)
+    done: dict[str, dict[str, float]] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+    after_jobs: bool = False
+    """A ``jobs=N`` run whose sub-runs its workers ran: its start is recorded already and
+    what is left is the table."""
+    branch: dict[str, Any] = field(default_factory=dict)
+    """For ``resume=PATH`` of an earlier checkpoint, or of a complete run: the sub-run's
+    folder name, the checkpoint, its round and the run it came from; it runs as a new run."""
+
+
+def chosen(
+    cfg: DictConfig, configs: list[tuple[str, DictConfig]], seeds: list[int]
+) -> list[SubRunSpec]:
+    """The sub-runs this process runs: all of them, or ``sub_run=INDEX``'s."""
+    return [s for s in sub_runs(configs, seeds) if cfg.sub_run < 0 or s.number == cfg.sub_run]
+
+
+def plan_run(
+    recipe: str,
+    cfg: DictConfig,
+    configs: list[tuple[str, DictConfig]],
+    seeds: list[int],
+    built: Assembly,
+) -> Plan:
+    """Where the run goes and what it resumes; every resume problem is found here.
+
+    Raises:
+        ConfigError: an unwritable output location, a run name in use, no run to resume, or a
+            checkpoint that does not verify or belongs to another run.
+    """
+    out_dir = Path(cfg.out_dir)
+    check_writable(out_dir, recipe)
+    plan = Plan()
+    if not cfg.resume and cfg.sub_run < 0:
+        if cfg.run_name and holds_run(out_dir / recipe / cfg.run_name):
+            raise ConfigError(
+                f"run_name: got {cfg.run_name!r}, but {out_dir / recipe / cfg.run_name} already "
+                "holds a run; continue it with resume=auto, or choose another run_name",
+                key="run_name",
+            )
+        return plan
+    if cfg.resume in ("auto", ""):  # a sub-run (sub_run=INDEX) always continues what it has
+        plan.run_dir = existing_run_dir(out_dir, recipe, cfg.run_name)
+        if not holds_run(plan.run_dir) and cfg.sub_run < 0:
+            plan.notes.append(f"run {cfg.run_name} never got past its start (no config.yaml, no "
+                              "sub-run): starting it now")  # fmt: skip
+        return plan_existing(plan, recipe, cfg, configs, seeds, built)
+    return _plan_path(plan, recipe, cfg, configs, seeds, built)
+
+
+def plan_existing(
+    plan: Plan,
+    recipe: str,
+    cfg: DictConfig,
+    configs: list[tuple[str, DictConfig]],
+    seeds: list[int],
+    built: Assembly,
+) -> Plan:
+    """What each sub-run of ``plan.run_dir`` (or just ``sub_run``'s) continues from, or its
+    final metrics when it is complete."""
+    assert plan.run_dir is not None
+    check_entries(plan.run_dir, [spec.folder for spec in chosen(cfg, configs, seeds)] + [
+        folder for *_, folder in pretrain_runs(configs, seeds)])  # fmt: skip
+    for _, _, vcfg, seed, folder in pretrain_runs(configs, seeds) if cfg.sub_run < 0 else []:
+        plan_pretrain(plan, recipe, vcfg, seed, plan.run_dir / folder, built)
+    for spec in chosen(cfg, configs, seeds):
+        _plan_sub(plan, recipe, spec.cfg, spec.updater, spec.seed, plan.run_dir / spec.folder,
+                  built)  # fmt: skip
+    total = len(list(sub_runs(configs, seeds))) + len(list(pretrain_runs(configs, seeds)))
+    if cfg.sub_run < 0 and plan.done and not plan.resume and len(plan.done) == total:
+        plan.notes.append(f"run {plan.run_dir.name} is already complete: nothing to run")
+    return plan
+
+
+def plan_finished(run_dir: Path, configs: list[tuple[str, DictConfig]], seeds: list[int]) -> Plan:
+    """The plan of a ``jobs=N`` run whose workers have just completed every sub-run: each one's
+    final metrics, as its ``status.json`` records them (its checkpoints were verified by the
+    worker that resumed it)."""
+    plan = Plan(run_dir=run_dir, after_jobs=True)
+    folders = [s.folder for s in sub_runs(configs, seeds)]
+    folders += [f for *_, f in pretrain_runs(configs, seeds)]
+    for folder in folders:
+        status = read_json(run_dir / folder / "status.json") or {}
+        if status.get("state") not in ("complete", "diverged") or not status.get("final"):
+            raise ConfigError(
+                f"resume: {run_dir / folder} did not complete ({status.get('state', 'no status')})"
+                f"; continue the run with resume=auto run_name={run_dir.name}",
+                key="resume",
+            )
+        plan.done[folder] = status["final"]
+    return plan
+
+
+def _plan_path(
+    plan: Plan,
+    recipe: str,
+    cfg: DictConfig,
+    configs: list[tuple[str, DictConfig]],
+    seeds: list[int],
+    built: Assembly,
+) -> Plan:
+    """``resume=PATH``: the newest checkpoint of a sub-run that has not ended continues in its
+    run; any other (an earlier one, or one of a complete run) starts a new run from it, and the
+    run it came from is left as it is."""
+    path = Path(cfg.resume)
+    found = ckpt.load(path)  # unreadable, truncated, corrupted: refused here
+    ((_, _, _, vcfg, name, seed, folder),) = list(sub_runs(configs, seeds))
+    data = built.data(vcfg, seed)
+    params = built.updater(vcfg, name, seed)[0].params()
+    verify(found, identity_of(recipe, vcfg, name, seed, data, params), path)
+    at = int(found["loop"]["round"])
+    if at >= vcfg.rounds:
+        raise ConfigError(
+            f"resume: {path} is at round {at}, the end of a {vcfg.rounds}-round run; there is "
+            f"nothing left to run (set rounds={at + 1} or more to continue from it)",
+            key="resume",
+        )
+    sub_dir = path.resolve().parent.parent
+    run = sub_dir.parent
+    ours = sub_dir.name == folder and (run / "config.yaml").is_file()
+    newest = ckpt.newest_valid(sub_dir / "checkpoints") if ours else None
+    ended = (read_json(sub_dir / "status.json") or {}).get("state") == "complete"
+    if ours and newest is not None and newest[0].resolve() == path.resolve() and not ended:
+        plan.run_dir = run  # the newest checkpoint of a sub-run that stopped: continue it
+        for _, _, _, pseed, pfolder in pretrain_runs(configs, seeds):  # its pre-training
+            plan_pretrain(plan, recipe, vcfg, pseed, plan.run_dir / pfolder, built)
+    else:
+        what = "a complete run" if ended else "an earlier checkpoint of its run"
+        plan.branch = {"folder": folder, "checkpoint": str(path), "round": at,
+                       "run": str(run) if ours else None,
+                       "history": str(sub_dir / "metrics.jsonl") if ours else None}  # fmt: skip
+        source = f" {run.name}" if ours else ""
+        plan.notes.append(f"resume: {path} is round {at} of {what}{source}; it continues as a "
+                          "new run (the run it came from is left as it is)")  # fmt: skip
+    plan.resume[folder] = path
+    return plan
+
+
+def _already_done(found: dict[str, Any], cfg: DictConfig) -> bool:
+    return int(found["loop"]["round"]) >= cfg.rounds
+
+
+def plan_pretrain(
+    plan: Plan, recipe: str, vcfg: DictConfig, seed: int, folder: Path, built: Assembly
+) -> None:
+    """:func:`_plan_sub` for the pre-training of (a variant's config ``vcfg``, ``seed``)."""
+    pcfg = pretrain.pretrain_config(vcfg)
+    _plan_sub(plan, recipe, pcfg, str(vcfg.pretrain.updater), seed, folder, built)
+
+
+def _plan_sub(
+    plan: Plan, recipe: str, cfg: DictConfig, name: str, seed: int, folder: Path, built: Assembly
+) -> None:
+    status = read_json(folder / "status.json") or {}
+    if status.get("state") == "diverged" and status.get("final"):
+        plan.done[folder.name] = status["final"]  # a result: resuming would diverge again
+        return
+    newest = ckpt.newest_valid(folder / "checkpoints")
+    if newest is None:
+        listed = ckpt.listing(folder / "checkpoints")
+        if listed:  # every checkpoint fails: refuse rather than restart from round 0 unasked
+            reason = ""
+            try:
+                ckpt.load(listed[-1])
+            except ckpt.CheckpointError as err:
+                reason = str(err).removeprefix("resume: ")
+            raise ConfigError(
+                f"resume: every checkpoint of {folder.name} fails its check (the newest: "
+                f"{reason}); move {folder / 'checkpoints'} away to run {folder.name} again from "
+                "round 0",
+                key="resume",
+            )
+        return  # nothing to resume: the sub-run starts from round 0
+    path, found, skipped = newest
+    plan.notes += [f"skipped: {reason}" for reason in skipped]
+    at = int(found["loop"]["round"])
+    if at > cfg.rounds:
+        raise ConfigError(
+            f"rounds: got {cfg.rounds}, but {folder.name} has run {at} rounds already (its newest "
+            f"checkpoint); a run is not shortened: set rounds={at} or more to continue it, or "
+            "start a new run from an earlier checkpoint with resume=PATH",
+            key="rounds",
+        )
+    data = built.data(cfg, seed)
+    params = built.updater(cfg, name, seed)[0].params()
+    verify(found, identity_of(recipe, cfg, name, seed, data, params), path)
+    if _already_done(found, cfg) and status.get("final"):
+        plan.done[folder.name] = status["final"]
+    else:
+        plan.resume[folder.name] = path
