@@ -5,10 +5,10 @@ from lit_fedco.updaters.base import (
     Hparams,
     ServerOptHparams,
     available_updaters,
-    combine,
     get_updater,
     register,
 )
+from lit_fedco.updaters.combine import combine
 from lit_fedco.updaters.comfedl import ComFedL, ComFedLDAMAML, ComFedLMAML
 from lit_fedco.updaters.dro_baselines import PDSGD, FastDRO, FastDROHparams, PDSGDHparams
 from lit_fedco.updaters.fcsg import (

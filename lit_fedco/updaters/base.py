@@ -43,20 +43,8 @@ from lit_fedco.core.protocol import LOCAL_STATS, Probe, RoundContext, RoundInfo,
 from lit_fedco.core.server_opt import ServerOptConfig
 from lit_fedco.core.state import State
 from lit_fedco.objectives.base import Batch, Context, Objective, model_params
-
-HOOKS = (
-    "init_server",
-    "init_client",
-    "round_context",
-    "client_step",
-    "client_end",
-    "server_update",
-    "client_weights",
-    "eval_params",
-)
-"""The methods an updater may override (the plug-in surface)."""
-
-AGGREGATIONS = ("uniform", "samples")
+from lit_fedco.updaters.declarations import AGGREGATIONS, HOOKS
+from lit_fedco.updaters.declarations import defining_class as defining_class
 
 
 @dataclass(frozen=True)
@@ -406,13 +394,6 @@ def _generic_hparams(cls: type) -> type[Hparams] | None:
     return None
 
 
-def defining_class(cls: type, hook: str) -> type:
-    """The class of ``cls``'s method resolution order that defines ``hook``: the one way an
-    overridden hook is found (:meth:`CompositionalUpdater._own`, :meth:`implements`,
-    :func:`overridden`)."""
-    return next(c for c in cls.__mro__ if hook in c.__dict__)
-
-
 def overridden(cls: type[CompositionalUpdater]) -> list[str]:
     """The hooks (:data:`HOOKS`) ``cls`` defines itself or takes from an unregistered base
     between it and :class:`CompositionalUpdater` (shared machinery such as the FedDRO family's
@@ -485,49 +466,6 @@ def register(name: str, *, override: bool = False):  # type: ignore[no-untyped-d
         return cls
 
     return deco
-
-
-DECLARATIONS = (
-    "client_state", "model_key", "personal_key", "broadcast_keys", "roles", "compositions",
-    "default_problem", "aggregation", "server_optimizer", "unvmappable_models",
-)  # fmt: skip
-"""The class attributes that declare how an updater's state travels and what it runs on."""
-
-
-def combine(
-    name: str,
-    algorithm: type[CompositionalUpdater],
-    *,
-    hparams_cls: type[Hparams] | None = None,
-    doc: str = "",
-    **declarations: Any,
-) -> type[CompositionalUpdater]:
-    """Register ``algorithm`` with other declarations under a name of its own: a method that
-    is one algorithm on another composition (ComFedL-MAML is ComFedL on the MAML composition,
-    TR-MAML is DRFL on it) or with a server optimizer (FedAdam is FedAvg with ``adam``). Only
-    declarations change; no method is overridden.
-
-    Args:
-        name: the new updater's name (and config key).
-        algorithm: the registered algorithm it runs.
-        hparams_cls: its hyperparameters (default: the algorithm's).
-        doc: its docstring (one line: the method, with the paper's equation).
-        **declarations: any of :data:`DECLARATIONS` (``compositions``, ``default_problem``,
-            ``server_optimizer``, ...); ``unvmappable_models`` adds to the algorithm's.
-    """
-    unknown = sorted(set(declarations) - set(DECLARATIONS))
-    if unknown:
-        raise TypeError(f"combine({name!r}): {unknown} are not declarations; use {DECLARATIONS}")
-    attrs: dict[str, Any] = {
-        **declarations,
-        "unvmappable_models": algorithm.unvmappable_models
-        | frozenset(declarations.get("unvmappable_models", ())),
-        "hparams_cls": hparams_cls or algorithm.hparams_cls,
-        "__doc__": doc or algorithm.__doc__,
-        "__module__": algorithm.__module__,
-    }
-    cls = type("".join(w.capitalize() for w in name.split("_")), (algorithm,), attrs)
-    return register(name)(cls)
 
 
 def get_updater(name: str) -> type[CompositionalUpdater]:

@@ -36,7 +36,8 @@ from lit_fedco.core.models import BATCH_STATISTICS_MODELS
 from lit_fedco.core.protocol import StepInfo
 from lit_fedco.core.state import State, tree_axpy, tree_map
 from lit_fedco.objectives.base import Batch, Context
-from lit_fedco.updaters.base import CompositionalUpdater, Hparams, combine, register
+from lit_fedco.updaters.base import CompositionalUpdater, Hparams, register
+from lit_fedco.updaters.combine import combine
 
 
 @register("comfedl")

@@ -24,7 +24,8 @@ from lit_fedco.core.protocol import StepInfo
 from lit_fedco.core.server_opt import ServerOptConfig
 from lit_fedco.core.state import State, foreach_axpy_, tree_axpy
 from lit_fedco.objectives.base import Batch, Context
-from lit_fedco.updaters.base import CompositionalUpdater, H, ServerOptHparams, combine, register
+from lit_fedco.updaters.base import CompositionalUpdater, H, ServerOptHparams, register
+from lit_fedco.updaters.combine import combine
 
 
 @register("fedavg")

@@ -41,7 +41,8 @@ from lit_fedco.objectives.base import Batch, Context, Params
 from lit_fedco.objectives.distributed import (
     DistributedObjective,
 )
-from lit_fedco.updaters.base import CompositionalUpdater, Hparams, combine, register
+from lit_fedco.updaters.base import CompositionalUpdater, Hparams, register
+from lit_fedco.updaters.combine import combine
 
 FEDAVG_CO_CASES = ("I", "II")
 

@@ -28,7 +28,8 @@ from torch import Tensor
 
 from lit_fedco.core.protocol import Probe, RoundContext, RoundInfo
 from lit_fedco.core.state import State
-from lit_fedco.updaters.base import Hparams, combine, register
+from lit_fedco.updaters.base import Hparams, register
+from lit_fedco.updaters.combine import combine
 from lit_fedco.updaters.fedavg import FedAvg
 
 
