@@ -248,6 +248,13 @@ def prestart(count: int, fork: Serve | None = None) -> None:
         _POOL.append(Worker(Forked(fork)) if fork is not None else _start(_env()))
 
 
+STOP_GRACE = float(os.environ.get("LIT_FEDCO_STOP_GRACE", "60"))
+"""Seconds a stopping run waits for its workers to checkpoint and answer
+(``LIT_FEDCO_STOP_GRACE``, default 60); then the ones still running (suspended with SIGSTOP,
+hung) are killed, and the launcher ends all the same: their sub-runs resume from their last
+checkpoint."""
+
+
 def run_tasks(
     tasks: list[Task],
     jobs: int,
@@ -259,63 +266,107 @@ def run_tasks(
 ) -> dict[int, int]:
     """Run ``tasks`` on ``jobs`` workers; ``report(task, code, finished, total)`` after each.
     ``stop()`` (polled every second) returning a signal number stops the run: the workers get
-    it (they checkpoint and stop, as a run does), no new task starts.
+    it, with SIGCONT for one that was suspended (they checkpoint and stop, as a run does), no
+    new task starts, and a worker that has not answered :data:`STOP_GRACE` seconds later is
+    killed.
 
     Returns:
         The exit code of every task that ran (-9 for one whose worker died).
     """
     env = _env()
-    shared = {k: os.environ[k] for k in SHARED_ENV if k in os.environ}
-    todo, codes = list(tasks), {}
+    base = {"recipe": recipe, "defaults": defaults, "main": main_path,
+            "env": {k: os.environ[k] for k in SHARED_ENV if k in os.environ}}  # fmt: skip
+    todo = list(tasks)
+    codes: dict[int, int] = {}
     took: dict[str, list[float]] = {}  # the seconds of each finished task, by kind
-    workers = [_POOL.pop(0) if _POOL else _start(env) for _ in range(min(jobs, len(tasks)))]
-    while _POOL:  # started early, not needed
-        spare = _POOL.pop()
-        if spare.proc.stdin is not None:
-            spare.proc.stdin.close()
-    stopping = 0
+    workers = _workers(min(jobs, len(tasks)), env)
+    stopping, since = 0, 0.0
     try:
         while any(w.task is not None for w in workers) or (todo and not stopping):
             if not stopping and (stopping := stop()):  # before any new task is handed out
-                for other in workers:
-                    if other.task is not None:
-                        other.proc.send_signal(stopping)
-            for w in workers:
-                if w.task is None and todo and not stopping:
-                    w.task = todo.pop(_longest(todo, took))
-                    w.task.started = time.perf_counter()
-                    message = {"recipe": recipe, "defaults": defaults, "argv": w.task.argv,
-                               "log": str(w.task.log), "main": main_path,
-                               "env": shared}  # fmt: skip
-                    assert w.proc.stdin is not None
-                    w.proc.stdin.write(json.dumps(message) + "\n")
-                    w.proc.stdin.flush()
-            busy = [w for w in workers if w.task is not None]
-            found = _next_answer(busy)
-            if found is None:
-                continue
-            w = found
-            assert w.task is not None
-            answer = w.proc.stdout.readline() if w.proc.stdout is not None else ""
-            code = int(json.loads(answer)["code"]) if answer else -9
-            codes[w.task.index] = code
-            took.setdefault(w.task.kind, []).append(time.perf_counter() - w.task.started)
-            report(w.task, code, len(codes), len(tasks))
-            w.task = None
-            if not answer:  # the worker died with its task: a fresh one takes its place
-                w.proc.wait()
-                workers[workers.index(w)] = _start(env)
+                since = time.monotonic()
+                _signal_busy(workers, stopping)
+            elif stopping and time.monotonic() - since > STOP_GRACE:
+                break  # a worker that cannot answer (suspended, hung): killed below
+            if not stopping:
+                _hand_out(workers, todo, took, base)
+            found = _next_answer([w for w in workers if w.task is not None])
+            if found is not None:
+                task, code, died = _collect(found, codes, took)
+                report(task, code, len(codes), len(tasks))
+                found.task = None
+                if died:  # the worker died with its task: a fresh one takes its place
+                    workers[workers.index(found)] = _start(env)
     finally:
-        for w in workers:  # an idle worker ends when its input closes
-            with contextlib.suppress(OSError):
-                if w.proc.stdin is not None:
-                    w.proc.stdin.close()
-        for w in workers if stopping or len(codes) < len(tasks) else []:
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                w.proc.wait(timeout=60)  # a stopping worker writes its checkpoint first
-            if w.proc.poll() is None:
-                w.proc.kill()
+        _end(workers, bool(stopping) or len(codes) < len(tasks), since)
     return codes
+
+
+def _workers(count: int, env: dict[str, str]) -> list[Worker]:
+    """``count`` workers: those :func:`prestart` started first, fresh ones for the rest; the
+    started ones not needed are let go (their input closes)."""
+    workers = [_POOL.pop(0) if _POOL else _start(env) for _ in range(count)]
+    while _POOL:
+        spare = _POOL.pop()
+        if spare.proc.stdin is not None:
+            spare.proc.stdin.close()
+    return workers
+
+
+def _signal_busy(workers: list[Worker], signum: int) -> None:
+    """``signum`` to every busy worker, and SIGCONT so that a suspended one acts on it."""
+    for w in workers:
+        if w.task is not None:
+            with contextlib.suppress(ProcessLookupError):
+                w.proc.send_signal(signum)
+                w.proc.send_signal(signal.SIGCONT)
+
+
+def _hand_out(
+    workers: list[Worker], todo: list[Task], took: dict[str, list[float]], base: dict[str, Any]
+) -> None:
+    """A task to every idle worker while there are tasks, the longest kind first."""
+    for w in workers:
+        if w.task is None and todo:
+            w.task = todo.pop(_longest(todo, took))
+            w.task.started = time.perf_counter()
+            message = {**base, "argv": w.task.argv, "log": str(w.task.log)}
+            assert w.proc.stdin is not None
+            w.proc.stdin.write(json.dumps(message) + "\n")
+            w.proc.stdin.flush()
+
+
+def _collect(
+    w: Worker, codes: dict[int, int], took: dict[str, list[float]]
+) -> tuple[Task, int, bool]:
+    """The answer of worker ``w``: its task, the task's exit code (-9 when the worker died
+    instead of answering; recorded in ``codes``, its time in ``took``) and whether it died."""
+    assert w.task is not None
+    answer = w.proc.stdout.readline() if w.proc.stdout is not None else ""
+    code = int(json.loads(answer)["code"]) if answer else -9
+    codes[w.task.index] = code
+    took.setdefault(w.task.kind, []).append(time.perf_counter() - w.task.started)
+    if not answer:
+        w.proc.wait()
+    return w.task, code, not answer
+
+
+def _end(workers: list[Worker], stopped: bool, since: float) -> None:
+    """Close every worker's input (an idle one ends); after a stop, give the busy ones what is
+    left of :data:`STOP_GRACE` to write their checkpoints, then kill those still running."""
+    for w in workers:
+        with contextlib.suppress(OSError):
+            if w.proc.stdin is not None:
+                w.proc.stdin.close()
+    if not stopped:
+        return
+    deadline = (since or time.monotonic()) + STOP_GRACE
+    for w in workers:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            w.proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+        if w.proc.poll() is None:
+            w.proc.send_signal(signal.SIGCONT)
+            w.proc.kill()
 
 
 def _longest(todo: list[Task], took: dict[str, list[float]]) -> int:
