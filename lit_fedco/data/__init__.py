@@ -8,7 +8,8 @@ them free of cycles):
 - ``sources``, ``cifar``, ``omniglot``, ``adult`` — readers of the built-in data sets;
   ``pools``, ``readers``, ``user`` — readers of one's own files (``npz``, ``imagefolder``,
   ``hf_disk``, ``text``) and data functions (``data.name=MODULE:FUNCTION``);
-- ``partition`` — pure functions of labels (or group ids) and an explicit ``numpy`` generator;
+- ``partition``, ``partition_classes`` — pure functions of labels (or group ids) and an
+  explicit ``numpy`` generator;
 - ``container`` — :class:`FederatedData` and its partition statistics;
 - ``samplers`` — which rows a round's minibatches hold, seeded by (seed, client, round);
 - ``specs`` — one typed, validated spec per builder;

@@ -33,6 +33,7 @@ from lit_fedco.data.adult import load_adult
 from lit_fedco.data.container import FederatedData, build_federated
 from lit_fedco.data.names import FILE_READERS, is_function_ref
 from lit_fedco.data.omniglot import load_omniglot, omniglot_split
+from lit_fedco.data.partition_classes import assign_classes
 from lit_fedco.data.pools import Pools
 from lit_fedco.data.readers import read_file_source
 from lit_fedco.data.sources import load_digits_arrays, load_source, source_note
@@ -382,7 +383,7 @@ def make_task_data(spec: TaskSpec) -> FederatedData:
       (:func:`~lit_fedco.data.omniglot.omniglot_split`); clients train on the 1028 and are
       evaluated on the 423 (the 172 validation characters are unused).
 
-    Classes are dealt by :func:`~lit_fedco.data.partition.assign_classes`
+    Classes are dealt by :func:`~lit_fedco.data.partition_classes.assign_classes`
     (``classes_per_client``) with a generator named (seed, 12345); the class split itself is
     fixed (seed 0), the same for every run, so runs with different seeds are evaluated on
     the same held-out classes.
@@ -417,6 +418,6 @@ def make_task_data(spec: TaskSpec) -> FederatedData:
                 f"disjointly over {k} clients",
                 "6",
             )
-    parts = P.assign_classes(labels, train_classes, k, per, rng)
-    val = P.assign_classes(labels, test_classes, k, per, rng)
+    parts = assign_classes(labels, train_classes, k, per, rng)
+    val = assign_classes(labels, test_classes, k, per, rng)
     return build_federated(x, y, x, y, parts, val, int(y.max()) + 1, f"{spec.name}_tasks")

@@ -189,22 +189,7 @@ def partition_dominant_class(
             "use data.partition=iid"
         )
     counts = np.array([(labels == cl).sum() for cl in classes])
-
-    def want(n: int) -> np.ndarray:
-        """Class counts [K, C] of every client for n samples each."""
-        rows = []
-        for i in range(num_clients):
-            shares = np.full(c, (1 - rho) / (c - 1))
-            shares[i % c] = rho
-            rows.append(_largest_remainder(shares * n, n))
-        return np.stack(rows)
-
-    # Without rounding, n is bounded by count_j / (demand of class j per unit of n).
-    dominant = np.bincount(np.arange(num_clients) % c, minlength=c)
-    demand = rho * dominant + (1 - rho) / (c - 1) * (num_clients - dominant)
-    largest = int(np.floor((counts / demand).min()))
-    while largest >= 1 and (want(largest).sum(0) > counts).any():
-        largest -= 1  # rounding up may ask a class for a few more than it has
+    largest = _most_per_client(counts, num_clients, rho)
     n = samples_per_client or largest
     if n < 1 or n > largest:
         raise ConfigError.bad_value(
@@ -213,13 +198,43 @@ def partition_dominant_class(
             f"an int in [1, {largest}] for these data and {num_clients} clients",
             str(max(largest, 1)),
         )
-    table = want(n)
+    table = _dominant_counts(num_clients, c, rho, n)
     pools = [rng.permutation(np.flatnonzero(labels == cl)) for cl in classes]
-    used = np.zeros(c, dtype=int)
-    parts = []
+    return _deal_rows(pools, table)
+
+
+def _dominant_counts(num_clients: int, c: int, rho: float, n: int) -> np.ndarray:
+    """Class counts [K, C] of every client for n samples each: a share ρ of class i mod C and
+    (1 − ρ)/(C − 1) of each other class, rounded by the largest-remainder rule."""
+    rows = []
     for i in range(num_clients):
+        shares = np.full(c, (1 - rho) / (c - 1))
+        shares[i % c] = rho
+        rows.append(_largest_remainder(shares * n, n))
+    return np.stack(rows)
+
+
+def _most_per_client(counts: np.ndarray, num_clients: int, rho: float) -> int:
+    """The largest n for which the class counts of :func:`_dominant_counts` fit in the classes'
+    ``counts`` (0 when none does)."""
+    c = len(counts)
+    # Without rounding, n is bounded by count_j / (demand of class j per unit of n).
+    dominant = np.bincount(np.arange(num_clients) % c, minlength=c)
+    demand = rho * dominant + (1 - rho) / (c - 1) * (num_clients - dominant)
+    largest = int(np.floor((counts / demand).min()))
+    while largest >= 1 and (_dominant_counts(num_clients, c, rho, largest).sum(0) > counts).any():
+        largest -= 1  # rounding up may ask a class for a few more than it has
+    return largest
+
+
+def _deal_rows(pools: list[np.ndarray], table: np.ndarray) -> list[np.ndarray]:
+    """Client i's rows: the next ``table[i, j]`` rows of each class's shuffled pool
+    ``pools[j]``, so that clients are disjoint."""
+    used = np.zeros(len(pools), dtype=int)
+    parts = []
+    for i in range(len(table)):
         chosen = []
-        for j in range(c):
+        for j in range(len(pools)):
             chosen.append(pools[j][used[j] : used[j] + table[i, j]])
             used[j] += table[i, j]
         parts.append(np.sort(np.concatenate(chosen)).astype(np.int64))
@@ -353,81 +368,6 @@ def balanced_validation(
     return out
 
 
-def assign_classes(
-    labels: np.ndarray,
-    classes: np.ndarray,
-    num_clients: int,
-    per_client: int,
-    rng: np.random.Generator,
-) -> list[np.ndarray]:
-    """Each client's rows as whole classes: the few-shot split of FCSG §5.2, where a client's
-    tasks are N of its own classes, so clients differ in *which* classes they can learn.
-
-    With ``per_client`` = 0 each client gets a disjoint share of ``classes``; otherwise
-    ``per_client`` classes each, dealt round-robin from a shuffled list so that every class
-    goes to about equally many clients, its rows split evenly among them.
-
-    Args:
-        labels: int class labels [N].
-        classes: the classes to deal out (e.g. the meta-training classes).
-        num_clients: K.
-        per_client: classes per client (0: a disjoint share).
-        rng: the only source of randomness.
-
-    Raises:
-        ConfigError: ``per_client`` exceeds the number of classes, leaves a class without a
-            client (``per_client × K`` below the number of classes), or (``per_client`` = 0)
-            there are more clients than classes to share.
-    """
-    classes = rng.permutation(classes)
-    if per_client == 0 and num_clients > len(classes):
-        raise ConfigError.bad_value(
-            "data.num_clients",
-            num_clients,
-            f"at most the {len(classes)} classes for a disjoint share of whole classes "
-            "(data.classes_per_client=0); or give each client data.classes_per_client >= 1",
-            str(len(classes)),
-        )
-    if per_client > 0 and per_client * num_clients < len(classes):
-        need = -(-len(classes) // num_clients)
-        raise ConfigError.bad_value(
-            "data.classes_per_client",
-            per_client,
-            f"at least {need}, so that each of the {len(classes)} classes has a client "
-            f"({num_clients} clients)",
-            str(need),
-        )
-    if per_client == 0:
-        holders = {
-            int(c): [k] for k, part in enumerate(np.array_split(classes, num_clients)) for c in part
-        }
-    else:
-        if per_client > len(classes):
-            raise ConfigError.bad_value(
-                "data.classes_per_client",
-                per_client,
-                f"at most the {len(classes)} classes",
-                str(len(classes)),
-            )
-        holders = {int(c): [] for c in classes}
-        deck = np.concatenate([classes] * (num_clients * per_client // len(classes) + 1))
-        pos = 0
-        for k in range(num_clients):
-            mine: set[int] = set()
-            while len(mine) < per_client:
-                c = int(deck[pos % len(deck)])
-                pos += 1
-                if c not in mine:
-                    mine.add(c)
-                    holders[c].append(k)
-    parts: list[list[int]] = [[] for _ in range(num_clients)]
-    for c, ks in holders.items():
-        rows = rng.permutation(np.flatnonzero(labels == c))
-        for k, share in zip(ks, np.array_split(rows, len(ks)), strict=True):
-            parts[k].extend(share.tolist())
-    return [np.sort(np.asarray(p, dtype=np.int64)) for p in parts]
-
-
 # ---------------------------------------------------------------------- the field's other splits
 def partition_shards(
     labels: np.ndarray, num_clients: int, shards_per_client: int, rng: np.random.Generator
@@ -458,29 +398,8 @@ def partition_shards(
         raise ConfigError.bad_value("data.shards_per_client", k, "an int >= 1", "2")
     total = num_clients * k
     classes, counts = np.unique(labels, return_counts=True)
-    if total > len(labels):
-        raise ConfigError.bad_value(
-            "data.shards_per_client",
-            k,
-            f"num_clients * shards_per_client <= the {len(labels)} samples ({num_clients} "
-            f"clients), so that every shard holds a sample",
-            str(max(1, len(labels) // num_clients)),
-        )
-    if total < len(classes):
-        need = -(-len(classes) // num_clients)
-        raise ConfigError.bad_value(
-            "data.shards_per_client",
-            k,
-            f"at least {need}, so that each of the {len(classes)} classes lies in a shard of one "
-            f"of the {num_clients} clients",
-            str(need),
-        )
-    extra = total - len(classes)
-    per = 1 + _largest_remainder(counts / counts.sum() * extra, extra)
-    per = np.minimum(per, counts)  # no empty shard
-    while per.sum() < total:  # what the cap took, to the classes with samples to spare
-        spare = counts - per
-        per[int(np.argmax(spare / per))] += 1
+    _check_shard_total(total, len(labels), len(classes), num_clients, k)
+    per = _shards_per_class(counts, total)
     shards = []
     for c, n in zip(classes, per, strict=True):
         rows = rng.permutation(np.flatnonzero(labels == c))
@@ -490,6 +409,45 @@ def partition_shards(
         np.sort(np.concatenate([shards[i] for i in order[j * k : (j + 1) * k]])).astype(np.int64)
         for j in range(num_clients)
     ]
+
+
+def _check_shard_total(total: int, n: int, n_classes: int, num_clients: int, k: int) -> None:
+    """Refuse ``total`` shards that would leave a shard without a sample (more shards than the
+    ``n`` samples) or a class without a shard (fewer shards than classes).
+
+    Raises:
+        ConfigError: naming ``data.shards_per_client`` (``k``).
+    """
+    if total > n:
+        raise ConfigError.bad_value(
+            "data.shards_per_client",
+            k,
+            f"num_clients * shards_per_client <= the {n} samples ({num_clients} "
+            f"clients), so that every shard holds a sample",
+            str(max(1, n // num_clients)),
+        )
+    if total < n_classes:
+        need = -(-n_classes // num_clients)
+        raise ConfigError.bad_value(
+            "data.shards_per_client",
+            k,
+            f"at least {need}, so that each of the {n_classes} classes lies in a shard of one "
+            f"of the {num_clients} clients",
+            str(need),
+        )
+
+
+def _shards_per_class(counts: np.ndarray, total: int) -> np.ndarray:
+    """How many of the ``total`` shards each class (of ``counts`` samples) is cut into: one
+    each, the rest in proportion to the class sizes (largest remainder), at most one per
+    sample."""
+    extra = total - len(counts)
+    per = 1 + _largest_remainder(counts / counts.sum() * extra, extra)
+    per = np.minimum(per, counts)  # no empty shard
+    while per.sum() < total:  # what the cap took, to the classes with samples to spare
+        spare = counts - per
+        per[int(np.argmax(spare / per))] += 1
+    return per
 
 
 def partition_size_skew(
