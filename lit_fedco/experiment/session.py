@@ -317,11 +317,15 @@ class SubRun:
         # the resolved config as it ran; what the updater says of itself and the partition
         logged = {**resolved, "seed": self.loop.cfg.seed, "describe": loop.updater.describe(),
                   "partition": partition_summary(self.stats), "init": self.init_record}  # fmt: skip
+        # W&B gets the rounds of the record it lacks first (a resumed run), then on_round's
         self.loggers = make_loggers(cfg.tracking, self.folder.parent, self.label, cfg.project,
-                                    logged, wandb_id=self.status.get("wandb_id"))  # fmt: skip
+                                    logged, wandb_id=self.status.get("wandb_id"),
+                                    history=self.history.rows)  # fmt: skip
         self.status.setdefault("init", self.init_record)  # a resumed sub-run keeps its start
         self.status.update(note)
         wandb_id = next((getattr(lg, "version", None) for lg in self.loggers), None)
+        folder = next(filter(None, (getattr(lg, "folder", None) for lg in self.loggers)), None)
+        self.status["wandb_dir"] = str(folder) if folder else None  # the newest W&B folder
         trained = loop.updater.objective  # what it trains, beside its name
         self.write_status(state="running", updater=self.name, seed=self.loop.cfg.seed,
                           trains=trained.composition, objective=type(trained).__name__,

@@ -23,6 +23,17 @@ the run's processes) and can be uploaded later with ``wandb sync``. ``WANDB_BASE
 an http(s) URL, and ``project`` a W&B project name (at most 128 characters, none of
 ``/\\#?%:``).
 
+A resumed run continues its W&B run (the same run id, kept in the sub-run's ``status.json``) and
+logs the rounds of its record (``metrics.jsonl``) that W&B lacks before its next round
+(:meth:`WandbTracker.catch_up`). Online, W&B resumes the run and the rows after the last round
+the server holds are logged. Offline, a process cannot know what an earlier one got onto the disk
+(a killed process loses what W&B still buffered, up to 15 s of rounds), so every process writes
+a new ``offline-run-*`` folder for the run id that holds the whole record from round 1, each
+round once (``trainer/global_step`` is the round); when the run ends or stops, the older folders
+of that id are marked as W&B marks an uploaded run (an empty ``run-<id>.wandb.synced``), so
+that ``wandb sync`` skips them (``--include-synced`` does not). ``status.json``'s ``wandb_dir``
+names the newest folder.
+
 :func:`read_wandb_offline_run` (:mod:`lit_fedco.report.wandb_read`) reads an offline run back, so
 that tests can check what a run logged without a W&B server.
 """
@@ -31,6 +42,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import math
 import netrc
 import os
 import socket
@@ -38,7 +50,7 @@ import sys
 import threading
 import urllib.request
 from argparse import Namespace
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -232,12 +244,62 @@ class WandbTracker(WandbLogger):
 
     @rank_zero_only
     def finalize(self, status: str) -> None:
-        """End the W&B run: exit code 0 for ``status == "success"``, else 1."""
+        """End the W&B run: exit code 0 for ``status == "success"``, else 1; offline, mark the
+        run's older folders superseded (:func:`supersede_offline_runs`), now that this one's
+        files are complete."""
         super().finalize(status)
         run = self._experiment
         if run is not None and hasattr(run, "finish"):
             run.finish(exit_code=0 if status == "success" else 1)
+            if self.whole_record and (folder := self.folder) is not None:
+                supersede_offline_runs(folder, run.id)
         self._experiment = None
+
+    whole_record = False
+    """Whether this W&B run holds its sub-run's whole record from round 1 (set by
+    :meth:`catch_up`): offline, or a run the server did not have yet."""
+
+    @property
+    def folder(self) -> Path | None:
+        """The local folder of the W&B run (``wandb/offline-run-*`` offline), once started."""
+        run = self._experiment
+        sync_dir = getattr(getattr(run, "settings", None), "sync_dir", None)
+        return Path(sync_dir) if sync_dir else None
+
+    @rank_zero_only
+    def catch_up(self, rows: Iterable[Mapping[str, Any]]) -> None:
+        """Log the rows of a sub-run's record (``metrics.jsonl``: dicts with an int ``round``,
+        in order) that this W&B run lacks, each at its round (``trainer/global_step``).
+
+        A run the server resumed (online) lacks the rows after the last round it holds (its
+        summary's ``trainer/global_step``); any other run (offline, or new to the server) starts
+        empty and gets every row, so that its folder alone holds the whole record.
+        """
+        run = self.experiment
+        done = 0
+        if getattr(run, "resumed", False):
+            last = run.summary.get("trainer/global_step")
+            done = int(last) if isinstance(last, (int, float)) and math.isfinite(last) else 0
+        self.whole_record = done == 0 and not getattr(run, "resumed", False)
+        for row in rows:
+            if int(row["round"]) > done:
+                self.log_metrics({k: v for k, v in row.items() if k != "round"}, int(row["round"]))
+
+
+def supersede_offline_runs(folder: Path, run_id: str) -> list[Path]:
+    """Mark the other offline folders of W&B run ``run_id`` beside ``folder`` (which holds
+    everything they hold, and more) as uploaded: an empty ``run-<id>.wandb.synced`` beside
+    their ``run-<id>.wandb``, W&B's own marker, so that ``wandb sync`` skips them. Returns the
+    folders newly marked."""
+    marked = []
+    for other in sorted(folder.parent.glob(f"offline-run-*-{run_id}*")):
+        log = other / f"run-{run_id}.wandb"
+        mark = log.with_suffix(".wandb.synced")
+        if other != folder and log.is_file() and not mark.exists():
+            with contextlib.suppress(OSError):  # best effort: a read-only copy stays unmarked
+                mark.touch()
+                marked.append(other)
+    return marked
 
 
 def make_loggers(
@@ -247,6 +309,7 @@ def make_loggers(
     project: str,
     config: Mapping[str, Any] | Namespace | Any,
     wandb_id: str | None = None,
+    history: Iterable[Mapping[str, Any]] = (),
 ) -> list[Logger]:
     """The experiment trackers of ``tracking``, each already holding the resolved ``config``.
 
@@ -262,6 +325,9 @@ def make_loggers(
         project: the W&B project.
         config: the resolved config (dict, ``DictConfig``, ``Namespace`` or dataclass).
         wandb_id: the id of the W&B run to continue (a resumed run), or None for a new one.
+        history: the sub-run's record so far (``metrics.jsonl`` rows, each with its ``round``),
+            of which the W&B run gets what it lacks before anything else
+            (:meth:`WandbTracker.catch_up`; module docstring).
 
     Returns:
         The loggers (for a loop's ``log_metrics`` calls; end them with
@@ -275,6 +341,8 @@ def make_loggers(
         loggers.append(_wandb_logger(Path(wandb_dir), run_name, project, wandb_mode(), wandb_id))
     for logger in loggers:
         logger.log_hyperparams(plain_config(config))
+        if isinstance(logger, WandbTracker):
+            logger.catch_up(history)
     return loggers
 
 
