@@ -299,53 +299,78 @@ def run_tuned(
     Returns:
         The comparison's table rows (the tuning's, for a tuning sub-run).
     """
-    from lit_fedco.config.load import load
-    from lit_fedco.config.parser import parse
-    from lit_fedco.config.plugins import import_plugins
-
-    def loaded(items: list[str]) -> tuple[Any, DictConfig]:
-        more = import_plugins(parse([*without(argv, items), *items], defaults))
-        return more, load(more)
-
     if not points(cfg):  # every grid key is of an updater this run leaves out
         return launch(recipe, cmd, cfg, columns, callbacks, evaluated_on)
-    try:
-        n_tune = count(cfg)
-        name, tune_name = run_names(cfg)
-        tune_dir = Path(cfg.out_dir) / recipe / tune_name
-        run_dir = tune_dir.with_name(name)
-        t_items = tuning_items(cfg, tune_dir, bool(cfg.resume) or cfg.sub_run >= 0)
-        sub = int(cfg.sub_run)
-        if 0 <= sub < n_tune:
-            t_items.append(f"sub_run={sub}")
-        tcmd, tcfg = loaded(t_items)
-    except ConfigError as err:
-        refuse(err)
+    phases = _Phases(recipe, defaults, argv, cfg)
+    tcmd, tcfg = phases.tuning()
     if cmd.help == "sub-runs":
-        print(f"tuning run {tune_name} (sub_run=0..{n_tune - 1}):", flush=True)
+        print(f"tuning run {phases.tune_name} (sub_run=0..{phases.n_tune - 1}):", flush=True)
         list_sub_runs(tcmd, tcfg)
-        print(f"comparison run {name}, with the values chosen (sub_run={n_tune} on):", flush=True)
-        return list_sub_runs(cmd, cfg, n_tune)
+        print(f"comparison run {phases.name}, with the values chosen (sub_run={phases.n_tune} "
+              "on):", flush=True)  # fmt: skip
+        return list_sub_runs(cmd, cfg, phases.n_tune)
+    sub = int(cfg.sub_run)
     held = "validation held out of the training split"
     t_on = held if cfg.tune.heldout == "train" else f"{evaluated_on} (tuning)"
-    if sub < 0 or sub < n_tune:
+    if sub < phases.n_tune:  # the whole run, or one of the tuning's sub-runs
         rows = launch(recipe, tcmd, tcfg, columns, callbacks, t_on)
         os.environ.pop(RUN_DIR_ENV, None)  # the comparison gets a folder of its own
         if sub >= 0:
             return rows
-    try:
-        record = select(cfg, tune_dir)
-        c_items = comparison_items(name, record, bool(cfg.resume) and holds(run_dir))
-        if sub >= 0:
-            c_items = [i for i in c_items if not i.startswith("resume=")]
-            c_items.append(f"sub_run={sub - n_tune}")
-        ccmd, ccfg = loaded(c_items)
-    except ConfigError as err:
-        refuse(err)
+    record, ccmd, ccfg = phases.comparison()
     if ccfg.sub_run < 0:
-        print(f"\nlit_fedco: {summary(record)}\nlit_fedco: the comparison {name} on seeds "
+        print(f"\nlit_fedco: {summary(record)}\nlit_fedco: the comparison {phases.name} on seeds "
               f"{list(ccfg.seeds) or [ccfg.seed]} with these values\n", flush=True)  # fmt: skip
     return launch(recipe, ccmd, ccfg, columns, callbacks, evaluated_on, may_fork=False)
+
+
+class _Phases:
+    """The two phases of a tuned run: their run names and folders, and each one's command line
+    loaded (the run's own, with the phase's items winning). A problem is refused in one line
+    (exit code 2)."""
+
+    def __init__(self, recipe: str, defaults: dict[str, Any], argv: list[str], cfg: DictConfig):
+        self.defaults, self.argv, self.cfg = defaults, argv, cfg
+        try:
+            self.n_tune = count(cfg)
+            self.name, self.tune_name = run_names(cfg)
+        except ConfigError as err:
+            refuse(err)
+        self.tune_dir = Path(cfg.out_dir) / recipe / self.tune_name
+        self.run_dir = self.tune_dir.with_name(self.name)
+
+    def loaded(self, items: list[str]) -> tuple[Any, DictConfig]:
+        """The run's command line with ``items`` set, parsed and loaded."""
+        from lit_fedco.config.load import load
+        from lit_fedco.config.parser import parse
+        from lit_fedco.config.plugins import import_plugins
+
+        more = import_plugins(parse([*without(self.argv, items), *items], self.defaults))
+        return more, load(more)
+
+    def tuning(self) -> tuple[Any, DictConfig]:
+        """The tuning run's command line and config (one sub-run of it where ``sub_run`` is)."""
+        cfg, sub = self.cfg, int(self.cfg.sub_run)
+        try:
+            t_items = tuning_items(cfg, self.tune_dir, bool(cfg.resume) or sub >= 0)
+            if 0 <= sub < self.n_tune:
+                t_items.append(f"sub_run={sub}")
+            return self.loaded(t_items)
+        except ConfigError as err:
+            refuse(err)
+
+    def comparison(self) -> tuple[dict[str, Any], Any, DictConfig]:
+        """The tuning's choice, and the comparison run's command line and config with it."""
+        cfg, sub = self.cfg, int(self.cfg.sub_run)
+        try:
+            record = select(cfg, self.tune_dir)
+            c_items = comparison_items(self.name, record, bool(cfg.resume) and holds(self.run_dir))
+            if sub >= 0:
+                c_items = [i for i in c_items if not i.startswith("resume=")]
+                c_items.append(f"sub_run={sub - self.n_tune}")
+            return (record, *self.loaded(c_items))
+        except ConfigError as err:
+            refuse(err)
 
 
 def without(argv: list[str], items: list[str]) -> list[str]:
