@@ -159,21 +159,44 @@ def encode_adult(
     if protected not in PROTECTED:
         raise ConfigError.bad_value("data.protected", protected, f"one of {PROTECTED}", "sex")
     idx = {c: i for i, c in enumerate(COLUMNS)}
+    blocks_tr, blocks_te, names = _encode_columns(train, test, idx)
+    groups = tuple(sorted({r[idx[protected]] for r in train} - {MISSING}))
+    return AdultTable(
+        _features(blocks_tr),
+        _targets(train, "adult.data", idx[protected], protected, groups),
+        _features(blocks_te),
+        _targets(test, "adult.test", idx[protected], protected, groups),
+        tuple(names),
+        groups,
+    )
 
-    def numeric(rows: list[list[str]], col: str) -> np.ndarray:
-        try:
-            return np.array([float(r[idx[col]]) for r in rows], dtype=np.float64)
-        except ValueError as err:
-            raise ConfigError(
-                f"data.data_dir: the Adult column {col!r} holds a value that is not a number "
-                f"({err}); missing values are allowed only in categorical columns",
-                key="data.data_dir",
-            ) from err
 
+def _numeric(rows: list[list[str]], col: str, i: int) -> np.ndarray:
+    """Continuous column ``col`` (index ``i``) of ``rows`` as float64.
+
+    Raises:
+        ConfigError: a value that is not a number.
+    """
+    try:
+        return np.array([float(r[i]) for r in rows], dtype=np.float64)
+    except ValueError as err:
+        raise ConfigError(
+            f"data.data_dir: the Adult column {col!r} holds a value that is not a number "
+            f"({err}); missing values are allowed only in categorical columns",
+            key="data.data_dir",
+        ) from err
+
+
+def _encode_columns(
+    train: list[list[str]], test: list[list[str]], idx: dict[str, int]
+) -> tuple[list[np.ndarray], list[np.ndarray], list[str]]:
+    """The feature blocks of ``train`` and ``test`` (a column each for a continuous column,
+    standardised by the training rows' mean and deviation; a one-hot block for a categorical
+    one, over the training rows' values) and the features' names."""
     blocks_tr, blocks_te, names = [], [], []
     for col in COLUMNS[:-1]:
         if col in CONTINUOUS:
-            a, b = numeric(train, col), numeric(test, col)
+            a, b = _numeric(train, col, idx[col]), _numeric(test, col, idx[col])
             mean, std = a.mean(), a.std()
             std = std if std > 0 else 1.0  # a constant column stays 0
             blocks_tr.append(((a - mean) / std)[:, None])
@@ -190,34 +213,36 @@ def encode_adult(
                     onehot[i, j] = 1.0
             out.append(onehot)
         names.extend(f"{col}={v}" for v in values)
-    groups = tuple(sorted({r[idx[protected]] for r in train} - {MISSING}))
+    return blocks_tr, blocks_te, names
+
+
+def _targets(
+    rows: list[list[str]], what: str, col: int, protected: str, groups: tuple[str, ...]
+) -> Tensor:
+    """``[n, 2]`` int64: each row's label and the index of its protected value (column
+    ``col``) among ``groups``.
+
+    Raises:
+        ConfigError: a row whose protected value is not among ``groups``.
+    """
     gpos = {v: j for j, v in enumerate(groups)}
+    out = np.empty((len(rows), 2), dtype=np.int64)
+    for i, r in enumerate(rows):
+        out[i, 0] = _label(r[-1], what)
+        group = gpos.get(r[col])
+        if group is None:
+            raise ConfigError(
+                f"data.data_dir: {what} row {i} has {protected}={r[col]!r}, "
+                f"which is not among the training file's values {list(groups)}",
+                key="data.data_dir",
+            )
+        out[i, 1] = group
+    return torch.from_numpy(out)
 
-    def targets(rows: list[list[str]], what: str) -> Tensor:
-        out = np.empty((len(rows), 2), dtype=np.int64)
-        for i, r in enumerate(rows):
-            out[i, 0] = _label(r[-1], what)
-            group = gpos.get(r[idx[protected]])
-            if group is None:
-                raise ConfigError(
-                    f"data.data_dir: {what} row {i} has {protected}={r[idx[protected]]!r}, "
-                    f"which is not among the training file's values {list(groups)}",
-                    key="data.data_dir",
-                )
-            out[i, 1] = group
-        return torch.from_numpy(out)
 
-    def features(blocks: list[np.ndarray]) -> Tensor:
-        return torch.from_numpy(np.concatenate(blocks, axis=1)).to(torch.float32)
-
-    return AdultTable(
-        features(blocks_tr),
-        targets(train, "adult.data"),
-        features(blocks_te),
-        targets(test, "adult.test"),
-        tuple(names),
-        groups,
-    )
+def _features(blocks: list[np.ndarray]) -> Tensor:
+    """The feature blocks side by side, as float32."""
+    return torch.from_numpy(np.concatenate(blocks, axis=1)).to(torch.float32)
 
 
 def load_adult(data_dir: str | Path = "", protected: str = "sex") -> AdultTable:
