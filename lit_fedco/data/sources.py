@@ -201,29 +201,49 @@ def load_mnist(data_dir: str | Path, train: bool, fashion: bool = False) -> tupl
             they were looked for and how to get them.
     """
     name = "fashion_mnist" if fashion else "mnist"
-    folder = (FashionMNIST if fashion else MNIST).__name__
     if not str(data_dir):
         raise ConfigError(
             f"data.data_dir: empty, expected the folder holding the {name} IDX files; "
             + _how_to_get(fashion)
         )
     root = Path(data_dir).expanduser()
-    stems = _FILES[train]
     found = _locate(root, fashion, train)
     if found is None:
-        other = (
-            f" (only the {'test' if train else 'training'} split is there; "
-            f"load_source({name!r}) splits a lone test split 80/20)"
-            if _locate(root, fashion, not train)
-            else ""
-        )
-        raise ConfigError(
-            f"data.data_dir: got {str(root)!r}, expected the {name} "
-            f"{'training' if train else 'test'} files {stems[0]}[.gz] and {stems[1]}[.gz] in "
-            f"{root / folder / 'raw'} or in {root}{other}; " + _how_to_get(fashion)
-        )
+        raise _not_found(root, fashion, train)
+    data, targets = _read_idx(found, root, fashion, train)
+    x = data.to(torch.float32).unsqueeze(1) / 255.0
+    return x, targets.to(torch.int64)
+
+
+def _not_found(root: Path, fashion: bool, train: bool) -> ConfigError:
+    """The error for a ``root`` without the split's files: where they were looked for, and
+    whether the other split is there."""
+    name = "fashion_mnist" if fashion else "mnist"
+    folder = (FashionMNIST if fashion else MNIST).__name__
+    stems = _FILES[train]
+    other = (
+        f" (only the {'test' if train else 'training'} split is there; "
+        f"load_source({name!r}) splits a lone test split 80/20)"
+        if _locate(root, fashion, not train)
+        else ""
+    )
+    return ConfigError(
+        f"data.data_dir: got {str(root)!r}, expected the {name} "
+        f"{'training' if train else 'test'} files {stems[0]}[.gz] and {stems[1]}[.gz] in "
+        f"{root / folder / 'raw'} or in {root}{other}; " + _how_to_get(fashion)
+    )
+
+
+def _read_idx(found: list[Path], root: Path, fashion: bool, train: bool) -> tuple[Tensor, Tensor]:
+    """The images and labels of the IDX files ``found`` (decompressed first where gzipped),
+    read by torchvision.
+
+    Raises:
+        ConfigError: bytes that do not decode as IDX, or files of different lengths.
+    """
+    name = "fashion_mnist" if fashion else "mnist"
     try:
-        raw = _uncompressed(found, stems, root)
+        raw = _uncompressed(found, _FILES[train], root)
         data, targets = _read_with_torchvision(fashion, root, raw, train)
     except ConfigError:
         raise
@@ -237,8 +257,7 @@ def load_mnist(data_dir: str | Path, train: bool, fashion: bool = False) -> tupl
             f"data.data_dir: {found[0]} holds {len(data)} images but {found[1]} holds "
             f"{len(targets)} labels; " + _how_to_get(fashion)
         )
-    x = data.to(torch.float32).unsqueeze(1) / 255.0
-    return x, targets.to(torch.int64)
+    return data, targets
 
 
 def mnist_split(name: str, data_dir: str | Path) -> str:
