@@ -382,41 +382,10 @@ def _read_text(path: Path) -> str:
 def read_text(data_dir: str, seq_len: int, stride: int = 1) -> Pools:
     """The ``text`` reader (see the module's docstring)."""
     path = _data_dir(data_dir, "text", "a text file, or a folder with train.txt and test.txt")
-    if path.is_file():
-        whole = _read_text(path)
-        groups = speaker_texts(whole) or {"": whole}
-        parts = {k: (t[: int(0.8 * len(t))], t[int(0.8 * len(t)) :]) for k, t in groups.items()}
-        chars = whole
-        where = str(path)
-    elif (path / "train.txt").is_file() and (path / "test.txt").is_file():
-        train, test = _read_text(path / "train.txt"), _read_text(path / "test.txt")
-        tr, te = speaker_texts(train) or {"": train}, speaker_texts(test) or {"": test}
-        parts = {k: (tr.get(k, ""), te.get(k, "")) for k in dict.fromkeys([*tr, *te])}
-        chars = train + test
-        where = f"{path}/train.txt, test.txt"
-    else:
-        raise ConfigError(
-            f"data.data_dir: got {str(data_dir)!r}, expected a text file, or a folder with "
-            "train.txt and test.txt",
-            key="data.data_dir",
-        )
+    parts, chars, where = _text_parts(path, data_dir)
     vocab = sorted(set(chars))
     codes = np.array([ord(c) for c in vocab], dtype=np.uint32)  # sorted: str order is ord order
-
-    def ids(text: str) -> np.ndarray:
-        points = np.frombuffer(text.encode("utf-32-le"), dtype=np.uint32)
-        return np.searchsorted(codes, points).astype(np.int64)
-
-    rows: dict[str, list[tuple[np.ndarray, np.ndarray, np.ndarray]]] = {"train": [], "test": []}
-    dropped = 0
-    for name, (a, b) in parts.items():
-        w_tr = _windows(ids(a), seq_len, stride)
-        w_te = _windows(ids(b), seq_len, stride)
-        if len(w_tr[1]) == 0 or (len(w_te[1]) == 0 and path.is_file()):
-            dropped += 1
-            continue
-        for split, (wx, wy) in (("train", w_tr), ("test", w_te)):
-            rows[split].append((wx, wy, np.full(len(wy), name)))
+    rows, dropped = _text_windows(parts, codes, seq_len, stride, path.is_file())
     if not rows["train"] or not any(len(r[1]) for r in rows["test"]):
         raise ConfigError(
             f"data.seq_len: got {seq_len}, but no text of {where} is longer than that in both "
@@ -424,14 +393,8 @@ def read_text(data_dir: str, seq_len: int, stride: int = 1) -> Pools:
             f"data.seq_len={max(1, min(len(a) for a, _ in parts.values()) // 2)}",
             key="data.seq_len",
         )
-
-    def stack(split: str) -> tuple[Tensor, Tensor, np.ndarray]:
-        xs, ys, gs = zip(*rows[split], strict=True)
-        return (torch.from_numpy(np.concatenate(xs)), torch.from_numpy(np.concatenate(ys)),
-                np.concatenate(gs).astype(str))  # fmt: skip
-
-    x, y, g = stack("train")
-    x_te, y_te, g_te = stack("test")
+    x, y, g = _stack_windows(rows["train"])
+    x_te, y_te, g_te = _stack_windows(rows["test"])
     has_groups = list(parts) != [""]
     note = (f"text: {where}, {len(vocab)} characters, {len(y)} training windows of "
             f"{seq_len}")  # fmt: skip
@@ -441,6 +404,66 @@ def read_text(data_dir: str, seq_len: int, stride: int = 1) -> Pools:
     pools = Pools(x, y, x_te, y_te, len(vocab), g if has_groups else None,
                   g_te if has_groups else None, note, {"vocab": "".join(vocab)})  # fmt: skip
     return check(pools, "data.data_dir", f"text {where}")
+
+
+def _text_parts(path: Path, data_dir: str) -> tuple[dict[str, tuple[str, str]], str, str]:
+    """Each speaker's (training, held-out) text (one speaker ``""`` without speaker lines),
+    every character read (the vocabulary's source) and where they were read: a single file
+    split 80/20 per speaker, or a folder's ``train.txt`` and ``test.txt``.
+
+    Raises:
+        ConfigError: ``path`` is neither.
+    """
+    if path.is_file():
+        whole = _read_text(path)
+        groups = speaker_texts(whole) or {"": whole}
+        parts = {k: (t[: int(0.8 * len(t))], t[int(0.8 * len(t)) :]) for k, t in groups.items()}
+        return parts, whole, str(path)
+    if (path / "train.txt").is_file() and (path / "test.txt").is_file():
+        train, test = _read_text(path / "train.txt"), _read_text(path / "test.txt")
+        tr, te = speaker_texts(train) or {"": train}, speaker_texts(test) or {"": test}
+        parts = {k: (tr.get(k, ""), te.get(k, "")) for k in dict.fromkeys([*tr, *te])}
+        return parts, train + test, f"{path}/train.txt, test.txt"
+    raise ConfigError(
+        f"data.data_dir: got {str(data_dir)!r}, expected a text file, or a folder with "
+        "train.txt and test.txt",
+        key="data.data_dir",
+    )
+
+
+_Windows = list[tuple[np.ndarray, np.ndarray, np.ndarray]]
+"""A split's windows, per speaker: (inputs, next characters, the speaker of each)."""
+
+
+def _text_windows(
+    parts: dict[str, tuple[str, str]], codes: np.ndarray, seq_len: int, stride: int, one_file: bool
+) -> tuple[dict[str, _Windows], int]:
+    """Each split's windows of every speaker's text (as ids of ``codes``, the sorted code
+    points), and how many speakers were dropped: those without a training window, or (from one
+    file) without a held-out one."""
+
+    def ids(text: str) -> np.ndarray:
+        points = np.frombuffer(text.encode("utf-32-le"), dtype=np.uint32)
+        return np.searchsorted(codes, points).astype(np.int64)
+
+    rows: dict[str, _Windows] = {"train": [], "test": []}
+    dropped = 0
+    for name, (a, b) in parts.items():
+        w_tr = _windows(ids(a), seq_len, stride)
+        w_te = _windows(ids(b), seq_len, stride)
+        if len(w_tr[1]) == 0 or (len(w_te[1]) == 0 and one_file):
+            dropped += 1
+            continue
+        for split, (wx, wy) in (("train", w_tr), ("test", w_te)):
+            rows[split].append((wx, wy, np.full(len(wy), name)))
+    return rows, dropped
+
+
+def _stack_windows(rows: _Windows) -> tuple[Tensor, Tensor, np.ndarray]:
+    """One split's windows of every speaker, stacked: inputs, targets, speakers."""
+    xs, ys, gs = zip(*rows, strict=True)
+    return (torch.from_numpy(np.concatenate(xs)), torch.from_numpy(np.concatenate(ys)),
+            np.concatenate(gs).astype(str))  # fmt: skip
 
 
 def read_file_source(spec: Any) -> Pools:
