@@ -204,6 +204,25 @@ def render(
     run: dict[str, Any] = cat["run"]
     sections = {k: nodes[k] for k in cat["fields"] if k in nodes}  # data, model, failures
     w = Writer(cols or width())
+    _usage(w, recipe)
+    _run_keys(w, run, sections, nodes, defaults, values, everything)
+    others = _node_keys(w, nodes, sections, values, everything)
+    found = presets(recipe)
+    w.heading("Presets (preset=NAME; YAML files shipped with lit_fedco, from recipes/):"
+              if found else "Presets: none.")  # fmt: skip
+    w.rows(found, col=min(40, 4 + max((len(name) for name, _ in found), default=0)))
+    if not everything:
+        listed = {row.split("=", 1)[0] for row, _ in _set_rows(run, {}, values, set(defaults))}
+        rest = [k for k in run["keys"] if k not in listed]
+        w.heading("Every other key, with a line each: --help-all.")
+        w.para(f"Run keys: {', '.join(rest)}.", indent="  ")
+        w.para(f"Nodes: {', '.join(f'{s}.*' for s in sections)}; other updaters and problems: "
+               f"{', '.join(others)}.", indent="  ")  # fmt: skip
+    return "\n".join(w.lines).rstrip() + "\n"
+
+
+def _usage(w: Writer, recipe: str) -> None:
+    """The usage lines and the recipe's summary."""
     prog = prog_of(recipe)
     w.lines.append(f"usage: {prog} [preset=NAME] [key=value ...]")
     w.lines.append(f"       {prog} --help | --help-all")
@@ -213,6 +232,18 @@ def render(
         w.blank()
         w.para(doc)
 
+
+def _run_keys(
+    w: Writer,
+    run: dict[str, Any],
+    sections: dict[str, Any],
+    nodes: dict[str, Any],
+    defaults: dict[str, Any],
+    values: dict[str, Any],
+    everything: bool,
+) -> None:
+    """The run's keys and those of its sections (``data.*``, ``model.*``, ...): every one
+    (``--help-all``), else those the recipe sets."""
     if everything:
         w.heading("Run keys (values as this command runs them):")
         w.rows(_key_rows(run, values, "", False))
@@ -224,6 +255,16 @@ def render(
         w.heading("Recipe keys (values as this command runs them):")
         w.rows(_set_rows(run, sections, values, set(flat_keys(own))))
 
+
+def _node_keys(
+    w: Writer,
+    nodes: dict[str, Any],
+    sections: dict[str, Any],
+    values: dict[str, Any],
+    everything: bool,
+) -> list[str]:
+    """The keys of the run's updaters and problems (``--help-all``: of every other one too);
+    the names of the updaters and problems the run does not use."""
     updaters = [str(u) for u in values.get("updaters", [])]
     problems = _problems(nodes, updaters, str(values.get("objective") or ""))
     shown = [u for u in updaters if u in nodes] + [p for p in problems if p in nodes]
@@ -237,16 +278,4 @@ def render(
             note = trains_note(nodes, name, objective) if name in updaters else " (not in this run)"
         w.heading(f"{name}{note}: {node['help']}")
         w.rows(_key_rows(node, values.get(name, {}), f"{name}.", not everything))
-
-    found = presets(recipe)
-    w.heading("Presets (preset=NAME; YAML files shipped with lit_fedco, from recipes/):"
-              if found else "Presets: none.")  # fmt: skip
-    w.rows(found, col=min(40, 4 + max((len(name) for name, _ in found), default=0)))
-    if not everything:
-        listed = {row.split("=", 1)[0] for row, _ in _set_rows(run, {}, values, set(defaults))}
-        rest = [k for k in run["keys"] if k not in listed]
-        w.heading("Every other key, with a line each: --help-all.")
-        w.para(f"Run keys: {', '.join(rest)}.", indent="  ")
-        w.para(f"Nodes: {', '.join(f'{s}.*' for s in sections)}; other updaters and problems: "
-               f"{', '.join(others)}.", indent="  ")  # fmt: skip
-    return "\n".join(w.lines).rstrip() + "\n"
+    return others
