@@ -95,10 +95,10 @@ def _buffer_slot(model: nn.Module, name: str) -> tuple[nn.Module, str]:
 
 
 def call_with_stats(model: nn.Module, params: Params, x: torch.Tensor) -> torch.Tensor:
-    """:func:`~lit_fedco.core.models.call` of a model with running statistics: the statistics of ``params`` (train
-    mode: fresh copies, and fresh counters, which the forward updates) put in the batch norms'
-    buffers for the forward and the module's own put back after it; the parameters swapped as
-    :func:`~lit_fedco.core.swap.swapped_call` swaps them."""
+    """:func:`~lit_fedco.core.models.call` of a model with running statistics: the statistics
+    of ``params`` (train mode: fresh copies, and fresh counters, which the forward updates) put
+    in the batch norms' buffers for the forward and the module's own put back after it; the
+    parameters swapped as :func:`~lit_fedco.core.swap.swapped_call` swaps them."""
     stats, counters = _stats_names(model)
     values = _with_stats_copies(model, params)
     plain = {k: v for k, v in params.items() if k not in stats}
