@@ -2,7 +2,7 @@
 
 Both executors call the *same* per-client function (an updater's ``client_step`` or
 ``probe``); only the batching differs, so their numbers agree to floating-point rounding
-(``tests/test_executors.py`` holds them to it).
+(``tests/engine/test_executors.py`` holds them to it).
 
 - :class:`VectorizedExecutor` — ``torch.func.vmap`` over stacked client states and batches, in
   chunks of ``chunk_size`` clients to bound memory. Fast for small models and many clients.
@@ -29,7 +29,6 @@ if TYPE_CHECKING:
 
 ClientFn = Callable[[Any, Any, Any], Any]
 """``fn(state, batches, ctx) -> output`` for one client; outputs are pytrees of tensors."""
-StepsFn = Callable[[int, Any, Any, Any], Any]
 """``fn(t, state, batches, ctx) -> logs``: step t of one client, written into its state."""
 
 
@@ -81,13 +80,6 @@ class Executor:
     def _map(self, fn: ClientFn, states: Any, batches: Any, ctx: Any, n: int, stacked: bool) -> Any:
         raise NotImplementedError
 
-    def map_steps(
-        self, fn: StepsFn, states: Any, batches: Sequence[Any], ctx: Any, n: int
-    ) -> list[Any]:
-        """Every step of each client in turn (executors that run in-place steps,
-        :attr:`in_place`; :meth:`SequentialExecutor.map_steps`)."""
-        raise NotImplementedError(f"the {self.name} executor runs no in-place steps")
-
 
 class VectorizedExecutor(Executor):
     """All of a rank's cohort clients as one batched computation (``torch.func.vmap``)."""
@@ -127,22 +119,6 @@ class SequentialExecutor(Executor):
             for i in range(n)
         ]
         return stack(outs)
-
-    def map_steps(
-        self, fn: StepsFn, states: Any, batches: Sequence[Any], ctx: Any, n: int
-    ) -> list[Any]:
-        """Every step of one client, then of the next: ``fn(t, state, batches[t], ctx)`` for
-        each step t on views of client i's rows, for i = 0, ..., n − 1 (``n >= 1``); ``fn``
-        writes the step into the rows and returns its logs. Returns the logs of each step,
-        stacked over the clients. The same steps as :meth:`map` step by step, for steps that
-        depend on no other client's state: a client's weights stay in the cache from one of
-        its steps to the next (conv nets: 3 % faster a round)."""
-        logs: list[list[Any]] = [[] for _ in batches]
-        for i in range(n):
-            state = index(states, i)
-            for t, b in enumerate(batches):
-                logs[t].append(fn(t, state, None if b is None else index(b, i), ctx))
-        return [stack(step) for step in logs]
 
 
 EXECUTORS: dict[str, type[Executor]] = {

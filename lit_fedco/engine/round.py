@@ -52,7 +52,7 @@ from lit_fedco.core.models import draws_randomly
 from lit_fedco.core.protocol import LOCAL_STATS, RoundContext, RoundInfo, StepInfo, Sync
 from lit_fedco.core.seeding import dropout_seed
 from lit_fedco.core.server_opt import ServerOptimizer
-from lit_fedco.core.state import State, broadcast, numel, tree_leaves, tree_map
+from lit_fedco.core.state import State, broadcast, numel, tree_leaves
 from lit_fedco.engine.comm import Comm
 from lit_fedco.engine.executors import Executor
 from lit_fedco.engine.failures import Failures
@@ -103,36 +103,6 @@ def _inplace_step(upd: CompositionalUpdater, step: StepInfo, s: State, b: Any, c
     return logs
 
 
-def _inplace_step_t(upd: CompositionalUpdater, info: RoundInfo, t: int, s: State, b: Any,
-                    c: Any) -> Any:  # fmt: skip
-    return _inplace_step(upd, info.step(t), s, b, c)
-
-
-HELD_BATCHES_BYTES = 64 * 2**20
-"""The most memory a round holds for all its steps' minibatches at once, so that the sequential
-executor can run each client's in-place steps back to back; above it, the clients step
-together, one step after another (the same numbers either way)."""
-
-
-def _held_batches(batches: Batches, first: Any, steps: int) -> list[Any] | None:
-    """Every step's minibatches of the round (``first`` is step 0's), or None when they would
-    take more than :data:`HELD_BATCHES_BYTES`. Each step's but the last is a copy: the sampler
-    writes step t + 1's into the buffers of step t's."""
-    leaves = tree_leaves(first)
-    size = sum(v.numel() * v.element_size() for v in leaves if isinstance(v, Tensor))
-    if size * steps > HELD_BATCHES_BYTES:
-        return None
-
-    def copy(v: Any) -> Any:
-        return v.clone() if isinstance(v, Tensor) else v
-
-    held = []
-    for t in range(steps):
-        b = first if t == 0 else batches(t)
-        held.append(b if t == steps - 1 else tree_map(copy, b))
-    return held
-
-
 # ---------------------------------------------------------------------- phases
 def broadcast_state(r: RoundRun, server: State, store: ClientStore | None) -> tuple[State, State]:
     """BROADCAST: what every cohort client receives (``start``, unbatched), and the clients'
@@ -178,10 +148,9 @@ def local_steps(
 ) -> tuple[State, dict[str, Any], State]:
     """LOCAL STEPS: the one loop over t; client k runs step t while t < t_k. Returns the final
     states, the sums of the step logs over the client-steps that ran, and the last per-step
-    means of the STEP entries. An in-place step that every client runs I times and that syncs
-    nothing per step runs client by client instead, each client's steps back to back
-    (:meth:`~lit_fedco.engine.executors.SequentialExecutor.map_steps`): the same steps, the
-    same sums of the logs."""
+    means of the STEP entries. A step runs in place (the updater's ``client_step_inplace``,
+    writing into the clients' rows) where every client of the process steps, else out of
+    place through ``client_step`` (or its stacked form)."""
     step_keys = [k for k, s in r.upd.client_state.items() if s is Sync.STEP]
     device = tree_leaves(states)[0].device
     log_sum: dict[str, Any] = {}
@@ -191,18 +160,6 @@ def local_steps(
     fast = r.ex.fast_steps and not draws  # the updater's own fast forms of its step
     stacked = fast and r.ex.stacks and r.upd.stacked()  # over the stacked clients
     inplace = fast and r.ex.in_place and r.upd.inplace()  # into the clients' rows
-    held = (
-        _held_batches(batches, first, r.info.local_steps)
-        if inplace and r.done is None and not step_keys and r.n
-        else None
-    )
-    if held is not None:  # each client's steps back to back (the same steps, client-major)
-        step = partial(_inplace_step_t, r.upd, r.info)
-        if stats:
-            step = partial(_inplace_own_stats, r.upd, step)
-        for logs in r.ex.map_steps(step, states, held, ctx.broadcast, r.n):
-            add_logs(log_sum, logs, None)
-        return states, log_sum, step_mean
     for t in range(r.info.local_steps):
         running = r.running(t, device)
         b = first if t == 0 else batches(t)

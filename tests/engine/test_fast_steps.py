@@ -185,32 +185,21 @@ def test_executors_still_agree_with_the_stacked_step():
 def test_sequential_in_place_rounds_equal_out_of_place_bit_for_bit(name, failures, monkeypatch):
     """Whole runs under the sequential executor, with and without the in-place step (and with
     clients that drop out or stop early: those rounds switch to the out-of-place step at the
-    first step a client no longer runs); in place each client's steps back to back
-    (client-major, the minibatches of every step held) and all clients step by step (the
-    minibatches too large to hold); the kept logs too."""
-    import lit_fedco.engine.round as round_mod
-
+    first step a client no longer runs); the kept logs too."""
     kw = {"failures": failures} if failures else {}
     runs = []
-    calls = {"inplace": 0, "client_major": 0}
+    calls = {"inplace": 0}
     mro = type(make_loop(name, {"lr": 0.1}).updater).__mro__
     cls = next(c for c in mro if "client_step_inplace" in c.__dict__)  # FedAvg for FedAvgM
-    real, real_steps = cls.client_step_inplace, SequentialExecutor.map_steps
+    real = cls.client_step_inplace
 
     def counted(self, *a):
         calls["inplace"] += 1
         return real(self, *a)
 
-    def counted_steps(self, *a):
-        calls["client_major"] += 1
-        return real_steps(self, *a)
-
     monkeypatch.setattr(cls, "client_step_inplace", counted)
-    monkeypatch.setattr(SequentialExecutor, "map_steps", counted_steps)
-    held = round_mod.HELD_BATCHES_BYTES
-    for mode in ("client-major", "step-major", "out-of-place"):
-        calls.update(inplace=0, client_major=0)
-        monkeypatch.setattr(round_mod, "HELD_BATCHES_BYTES", 0 if mode == "step-major" else held)
+    for mode in ("in-place", "out-of-place"):
+        calls.update(inplace=0)
         if mode == "out-of-place":
             monkeypatch.setattr(cls, "inplace", lambda self: False)
         loop = make_loop(name, {"lr": 0.1}, executor="sequential", rounds=4, **kw)
@@ -218,11 +207,9 @@ def test_sequential_in_place_rounds_equal_out_of_place_bit_for_bit(name, failure
         runs.append((flat_server(loop), [
             {k: v for k, v in h.items() if not k.startswith("time")} for h in loop.history
         ]))  # fmt: skip
-        assert (calls["inplace"] > 0) == (mode != "out-of-place")
-        assert (calls["client_major"] > 0) == (mode == "client-major" and failures is None)
-    for other in runs[1:]:
-        assert np.array_equal(runs[0][0], other[0])
-        assert runs[0][1] == other[1]
+        assert (calls["inplace"] > 0) == (mode == "in-place")
+    assert np.array_equal(runs[0][0], runs[1][0])
+    assert runs[0][1] == runs[1][1]
 
 
 class SummedWeight(torch.nn.Module):
@@ -386,19 +373,17 @@ def test_foreach_axpy_of_mixed_dtypes_takes_two_passes(monkeypatch):
 
 @pytest.mark.parametrize("probes", [False, True])
 @pytest.mark.parametrize("name", ["fedavg", "scaffold"])
-def test_client_major_and_step_major_rounds_leave_the_server_alone(name, probes, monkeypatch):
-    """Steps written into the clients' rows, client by client or step by step, never touch the
-    server state the round began from; both give the same numbers; and a probe in the round
-    context (which reads the clients' states before any step) sees every client start from the
-    server's model."""
+def test_in_place_rounds_leave_the_server_alone(name, probes, monkeypatch):
+    """Steps written into the clients' rows never touch the server state the round began from;
+    they give the numbers of out-of-place steps; and a probe in the round context (which reads
+    the clients' states before any step) sees every client start from the server's model."""
     from lit_fedco.core.state import tree_clone, tree_leaves
-    from lit_fedco.engine import round as round_mod
 
     seen = []
 
-    def run(client_major: bool) -> tuple[np.ndarray, list]:
-        monkeypatch.setattr(round_mod, "HELD_BATCHES_BYTES", 64 * 2**20 if client_major else 0)
+    def run(in_place: bool) -> tuple[np.ndarray, list]:
         loop = make_loop(name, {"lr": 0.1}, executor="sequential", rounds=3)
+        loop.executor.fast_steps = in_place
         if probes:
             cls = type(loop.updater)
 
@@ -418,18 +403,8 @@ def test_client_major_and_step_major_rounds_leave_the_server_alone(name, probes,
                 assert torch.equal(a, b)  # the old server state, as it was
         return flat_server(loop), [h["train/loss"] for h in loop.history]
 
-    calls = {"n": 0}
-    real = SequentialExecutor.map_steps
-
-    def counted(self, *a):
-        calls["n"] += 1
-        return real(self, *a)
-
-    monkeypatch.setattr(SequentialExecutor, "map_steps", counted)
     a = run(True)
-    assert calls["n"] == 3
     b = run(False)
-    assert calls["n"] == 3  # the step-major run took the other path
     assert np.array_equal(a[0], b[0]) and a[1] == b[1]
     if probes:  # each client's probe saw the server's model, in both runs
         for rows in seen:
