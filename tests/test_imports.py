@@ -21,7 +21,9 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-PACKAGE = Path(__file__).resolve().parent.parent / "lit_fedco"
+from tests.helpers import REPO
+
+PACKAGE = REPO / "lit_fedco"
 
 
 def module_files(root: Path) -> dict[str, Path]:
@@ -152,6 +154,7 @@ def test_data_layers_import_only_downwards():
         "lit_fedco.data.readers": {"lit_fedco.data.pools"},
         "lit_fedco.data.user": {"lit_fedco.data.pools"},
         "lit_fedco.data.partition": {names},
+        "lit_fedco.data.partition_skews": {"lit_fedco.data.partition"},
         "lit_fedco.data.container": {"lit_fedco.data.partition"},
         "lit_fedco.data.samplers": {"lit_fedco.data.container"},
         "lit_fedco.data.specs": {"lit_fedco.data.partition", names, "lit_fedco.data.user"},

@@ -29,6 +29,7 @@ from lit_fedco.core.errors import ConfigError
 from lit_fedco.core.seeding import generator as torch_generator
 from lit_fedco.core.seeding import numpy_generator
 from lit_fedco.data import partition as P
+from lit_fedco.data import partition_skews as S
 from lit_fedco.data.adult import load_adult
 from lit_fedco.data.container import FederatedData, build_federated
 from lit_fedco.data.names import FILE_READERS, is_function_ref
@@ -127,9 +128,9 @@ def _partition(
     """The training pool's split over the clients by ``spec.partition``."""
     k = spec.num_clients
     if spec.partition == "shards":
-        return P.partition_shards(labels, k, spec.shards_per_client, rng)
+        return S.partition_shards(labels, k, spec.shards_per_client, rng)
     if spec.partition == "size_skew":
-        return P.partition_size_skew(labels, k, spec.size_sigma, rng)
+        return S.partition_size_skew(labels, k, spec.size_sigma, rng)
     if spec.partition == "natural":
         if groups is None:
             raise ConfigError(
@@ -145,7 +146,7 @@ def _partition(
                 f"{len(groups)} group ids for {len(labels)} training rows; give one per row",
                 key="data.partition",
             )
-        return P.partition_natural(groups, k)
+        return S.partition_natural(groups, k)
     if spec.partition == "quantity":
         return P.partition_quantity_imbalanced(
             labels, k, spec.big, spec.small, rng, spec.small_classes or None
@@ -210,7 +211,7 @@ def make_partitioned(spec: PartitionedSpec) -> FederatedData:
     if note:
         data.stats["source"] = note
     if spec.partition == "natural" and groups is not None:
-        data.stats["client_groups"] = [str(g) for g in P.group_ids(groups)[0]]
+        data.stats["client_groups"] = [str(g) for g in S.group_ids(groups)[0]]
     data.stats.update(pools.extra or {})
     return data
 
@@ -248,7 +249,7 @@ def _own_validation(
             f"group ids for {n_te} held-out rows; give one per row",
             key="data.val_mode",
         )
-    return P.validation_own(groups, groups_te)
+    return S.validation_own(groups, groups_te)
 
 
 # ---------------------------------------------------------------------- UCI Adult

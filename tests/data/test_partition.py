@@ -10,12 +10,14 @@ from lit_fedco.data.partition import (
     partition_dirichlet,
     partition_dominant_class,
     partition_iid,
-    partition_natural,
     partition_quantity_imbalanced,
-    partition_shards,
-    partition_size_skew,
     partition_stats,
     validation_like,
+)
+from lit_fedco.data.partition_skews import (
+    partition_natural,
+    partition_shards,
+    partition_size_skew,
     validation_own,
 )
 

@@ -24,7 +24,7 @@ import yaml
 
 from lit_fedco.config.load import load_config
 from lit_fedco.core.errors import ConfigError
-from lit_fedco.data.partition import partition_natural
+from lit_fedco.data.partition_skews import partition_natural
 from lit_fedco.data.readers import speaker_texts
 from lit_fedco.data.samplers import BatchSampler
 from lit_fedco.experiment.assemble import build_data
