@@ -1,6 +1,6 @@
 """The plug-in contract, as checks an updater of one's own can run: :func:`check_updater`.
 
-Every built-in updater passes these checks (``tests/test_registry.py`` runs them over the
+Every built-in updater passes these checks (``tests/updaters/test_registry.py`` runs them over the
 registry's table of tiny configurations); an updater written outside lit_fedco passes them
 the same way::
 

@@ -1,4 +1,4 @@
-"""Every updater of the registry's table (``tests/test_registry.py``, ``TINY``) on N CPU
+"""Every updater of the registry's table (``tests/updaters/test_registry.py``, ``TINY``) on N CPU
 processes, for the 1 process = 2 processes check::
 
     python -m tests.registry_two_process --devices N --out FILE
@@ -54,7 +54,7 @@ def hold_owned_rows() -> None:
 
 def run_all(fabric: Fabric, rounds: int = ROUNDS) -> dict[str, dict]:
     """Every entry of ``TINY`` on ``fabric``: ``{name: {"state", "logs"}}``."""
-    from tests.test_registry import TINY  # the table; imported after the launch
+    from tests.updaters.test_registry import TINY  # the table; imported after the launch
 
     out = {}
     for name in sorted(TINY):

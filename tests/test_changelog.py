@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import re
-from pathlib import Path
 
 import lit_fedco
+from tests.helpers import REPO
 
-REPO = Path(__file__).resolve().parent.parent
 SECTIONS = {"Added", "Changed", "Deprecated", "Removed", "Fixed", "Security"}
 
 

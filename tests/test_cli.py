@@ -10,7 +10,6 @@ import importlib
 import re
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 from omegaconf import DictConfig, OmegaConf
@@ -25,8 +24,8 @@ from lit_fedco.recipes.comfedl_dro import DEFAULTS as DRO_DEFAULTS
 from lit_fedco.recipes.ds_feddro import DEFAULTS
 from lit_fedco.updaters import Hparams
 from lit_fedco.updaters import base as updater_base
+from tests.helpers import REPO
 
-REPO = Path(__file__).resolve().parent.parent
 RECIPES = sorted(p.stem for p in (REPO / "lit_fedco" / "recipes").glob("*.py") if p.stem[0] != "_")
 HEAVY = ("torch", "torchvision", "torchmetrics", "lightning", "lightning_fabric", "wandb")
 

@@ -23,7 +23,7 @@ from lit_fedco.experiment import runner
 RECIPES = ["comfedl_dro", "ds_feddro", "fcsg_invariant"]
 AVOID = {"out_dir", "plugins", "variants", "init_from", "resume", "project"}
 """Keys not generated: they would write or import outside the test's folder (their own checks
-are tested case by case in tests/test_bad_inputs.py and tests/test_plugins.py)."""
+are tested case by case in tests/config/test_bad_inputs.py and tests/config/test_plugins.py)."""
 
 
 def _keys() -> list[tuple[str, str]]:

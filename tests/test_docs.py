@@ -19,8 +19,8 @@ import pytest
 
 import lit_fedco
 from lit_fedco.config.load import load_config
+from tests.helpers import REPO
 
-REPO = Path(__file__).resolve().parent.parent
 DOCS = REPO / "docs"
 PAGES = sorted(p for p in DOCS.rglob("*.md") if "_build" not in p.parts)
 TEXTS = [*PAGES, REPO / "README.md"]

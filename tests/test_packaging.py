@@ -17,7 +17,8 @@ from pathlib import Path
 import pytest
 import tomllib
 
-REPO = Path(__file__).resolve().parent.parent
+from tests.helpers import REPO
+
 PACKAGE = REPO / "lit_fedco"
 
 USER_MODULE = '''

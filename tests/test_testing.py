@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from lit_fedco.testing import CHECKS, ContractError, check_updater
+from tests.helpers import REPO
 
-REPO = Path(__file__).resolve().parent.parent
 TUTORIAL = REPO / "docs" / "tutorial" / "first_method.md"
 
 BROKEN = '''

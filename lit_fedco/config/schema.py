@@ -10,7 +10,7 @@ after changing any of them::
 
     python -m lit_fedco.config.schema --write
 
-``tests/test_schema.py`` fails while the committed file is stale. This module imports
+``tests/config/test_schema.py`` fails while the committed file is stale. This module imports
 everything (torch included); only the generated file is read on the fast path.
 """
 

@@ -6,7 +6,7 @@ full check gives (same key, value, expectation and example), in a fraction of a 
 The enumerations are not copied here: :func:`lit_fedco.config.schema.value_checks` reads them
 from the modules that define them (``MODELS``, the data names, the executors, ...) into the
 committed catalog's ``checks``, so a name added there is accepted here once the catalog is
-regenerated (``tests/test_schema.py`` fails while it is stale).
+regenerated (``tests/config/test_schema.py`` fails while it is stale).
 
 Imports: the standard library and OmegaConf; never torch.
 """

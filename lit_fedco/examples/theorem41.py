@@ -24,7 +24,7 @@ Assumption 3.4), which is all it takes:
   vanishes with β = c_β η → 0 (Theorem 5.2).
 
 Run ``python -m lit_fedco.examples.theorem41`` to print ``|∇Φ(x̄)|`` per round; the test
-``tests/test_feddro.py::test_theorem41_example`` checks the floor and the ceiling.
+``tests/updaters/test_feddro.py::test_theorem41_example`` checks the floor and the ceiling.
 The updaters are the package's own (their pure client and server functions), only the
 objective is replaced by the one above.
 """

@@ -9,7 +9,8 @@ plug-in estimator of FCSG §3,
 
 is biased, and is exactly the autograd gradient of ``F̂(x; ξ, B) = f_ξ(mean_j g_{η_j}(x, ξ))``
 (FCSG eq. 3) — the mean over η is taken *inside* f. Averaging the loss over η instead,
-``mean_j f_ξ(g_{η_j})``, is a different (and wrong) objective (``tests/test_conditional.py``).
+``mean_j f_ξ(g_{η_j})``, is a different (and wrong) objective
+(``tests/objectives/test_conditional.py``).
 
 A :class:`ConditionalObjective` exposes ``inner`` (one inner mean per outer sample, leading
 dimension b) and ``outer`` (the mean over the b outer samples of f_ξ); ``value`` is

@@ -163,7 +163,8 @@ class MAML(FewShot, ConditionalObjective):
 
     # The T tasks of a batch are a Python loop, not a vmap: with batch normalisation, grad of a
     # vmap over tasks returns a wrong second-order term (torch 2.14; vmap of grad, as the
-    # executors do over clients, is right) — tests/test_maml.py checks against differences.
+    # executors do over clients, is right) — tests/objectives/test_maml.py checks against
+    # differences.
     def inner(self, params: Params, batch: Batch, ctx: Context) -> Any:
         """``x − α ∇L(x; S_i)`` for every task i, leaves of leading size T."""
         sx, sy, _, _ = self.split(batch)

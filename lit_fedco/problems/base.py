@@ -66,7 +66,8 @@ class Problem:
     offers: ClassVar[tuple[str, ...]] = ("erm",)
     """The compositions :meth:`objectives` offers, in its order; the first is the problem's own
     (the one its recipe is about), which the table and ``--help`` name next to what each
-    updater trains (read without building a model; ``tests/test_updaters.py`` checks it)."""
+    updater trains (read without building a model; ``tests/updaters/test_updaters.py`` checks
+    it)."""
     eval_adapt_steps: int = 0
     """Adaptation steps each client takes on its own support rows before it is evaluated
     (:meth:`adapt_for_eval`); 0: every client is evaluated with the shared model."""

@@ -33,7 +33,7 @@ from lit_fedco.engine.loop import FederatedLoop
 from lit_fedco.experiment.assemble import loop_config
 from lit_fedco.recipes.comfedl_dro import DEFAULTS
 from tests.helpers import final_checkpoint, flat_server, make_loop, run_recipe, the_run
-from tests.test_registry import TINY
+from tests.updaters.test_registry import TINY
 
 HPARAMS = {
     "fedavg": {"lr": 0.1},

@@ -24,8 +24,8 @@ from lit_fedco.engine.round import federated_round
 from lit_fedco.engine.store import make_store
 from lit_fedco.objectives import Objective
 from lit_fedco.updaters import FedAvg, Hparams, get_updater
-from tests.test_registry import TINY
-from tests.test_updaters import Scalar, quad_loss
+from tests.updaters.test_registry import TINY
+from tests.updaters.test_updaters import Scalar, quad_loss
 
 F64 = torch.float64
 

@@ -30,6 +30,7 @@ from lit_fedco.objectives.personalized import DAMAML, MetaLearning
 from lit_fedco.problems import PFLParams, PFLProblem
 from lit_fedco.updaters import get_updater, project_simplex
 from tests.helpers import (
+    REPO,
     LastLoops,
     assert_executors_agree,
     digits_data,
@@ -39,11 +40,10 @@ from tests.helpers import (
     run_recipe,
     the_run,
 )
-from tests.test_dro import numerical_max_over_simplex
-from tests.test_maml import SmoothBN, TanhMLP, flat_fd
-from tests.test_updaters import CLIENTS, Scalar, quad_loss
+from tests.objectives.test_dro import numerical_max_over_simplex
+from tests.objectives.test_maml import SmoothBN, TanhMLP, flat_fd
+from tests.updaters.test_updaters import CLIENTS, Scalar, quad_loss
 
-REPO = Path(__file__).resolve().parent.parent
 WAYS = 3  # TanhMLP / SmoothBN have 3 outputs and read [b, 1, 4, 4] inputs
 
 
@@ -240,8 +240,8 @@ def test_simplex_projection_matches_brute_force():
 
 
 def run_scalar(name: str, hparams: dict, rounds: int, local_steps: int = 2):
-    """Two clients of tests/test_updaters: L_1 = w², L_2 = 2 (w − 1)², through the round the
-    loop runs (lit_fedco.engine.round), full participation."""
+    """Two clients of tests/updaters/test_updaters: L_1 = w², L_2 = 2 (w − 1)², through the
+    round the loop runs (lit_fedco.engine.round), full participation."""
 
     cls, model = get_updater(name), Scalar(0.0)
     upd = cls(cls.hparams_cls(**hparams), model, Objective(model, sample_loss=quad_loss))
@@ -471,7 +471,7 @@ def test_cifar10_preset_runs_on_a_cifar_format_folder(tmp_path, capsys):
     from lit_fedco.cli import run as main
     from lit_fedco.config.load import load_config
     from lit_fedco.experiment.assemble import build_data
-    from tests.test_cifar_st import write_cifar
+    from tests.data.test_cifar_st import write_cifar
 
     write_cifar(tmp_path / "data", "cifar10", per_class_train=30, per_class_test=10, c=10)
     out = tmp_path / "out"

@@ -22,8 +22,6 @@ from lit_fedco.recipes.comfedl_dro import DEFAULTS
 from lit_fedco.report.tracking import read_wandb_offline_run
 from tests.helpers import final_checkpoint, the_run
 
-REPO = Path(__file__).resolve().parent.parent
-
 pytestmark = pytest.mark.slow  # every test here runs a recipe in a subprocess
 
 
@@ -154,9 +152,9 @@ def test_feddro_fairness_on_tiny_adult_files(tmp_path):
     the violation columns, and the logged test violation is the final model's, computed here
     from its predictions on the test rows."""
     from lit_fedco.recipes.feddro_fairness import DEFAULTS as FAIR
+    from tests.data.test_adult import write_adult
     from tests.helpers import run_recipe
-    from tests.test_adult import write_adult
-    from tests.test_fairness import random_rows
+    from tests.objectives.test_fairness import random_rows
 
     folder = write_adult(tmp_path / "adult", train=random_rows(64, 0),
                          test=random_rows(32, 1, test=True))  # fmt: skip

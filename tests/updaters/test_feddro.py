@@ -34,9 +34,13 @@ from lit_fedco.updaters.feddro import (
     FedDROHparams,
     MBSGDHparams,
 )
-from tests.helpers import assert_executors_agree, final_checkpoint, make_loop, run_recipe, the_run
-
-REPO = Path(__file__).resolve().parent.parent
+from tests.helpers import (
+    assert_executors_agree,
+    final_checkpoint,
+    make_loop,
+    run_recipe,
+    the_run,
+)
 
 
 def quad(pred: Tensor, target: Tensor) -> Tensor:

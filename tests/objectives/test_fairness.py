@@ -27,8 +27,8 @@ from lit_fedco.objectives.fairness import (
 )
 from lit_fedco.problems import FairnessParams, FairnessProblem
 from lit_fedco.updaters import get_updater
+from tests.data.test_adult import write_adult
 from tests.helpers import digits_data
-from tests.test_adult import write_adult
 
 EDUCATION = ["Bachelors", "HS-grad", "Masters", "11th"]
 WORK = ["Private", "State-gov", "?"]

@@ -70,7 +70,7 @@ def test_each_problem_declares_what_its_objectives_offer(name):
     from lit_fedco.core.models import build_model
 
     """Here on the digits; fairness (it needs Adult's groups) is checked the same way by
-    ``Problem.objective_for`` on every build (tests/test_fairness.py)."""
+    ``Problem.objective_for`` on every build (tests/objectives/test_fairness.py)."""
     if name == "fairness":
         pytest.skip("needs data with a protected group: checked by objective_for on each build")
     data = digits_data(num_clients=4)

@@ -16,9 +16,8 @@ import torch
 
 from lit_fedco.core.errors import ConfigError
 from lit_fedco.core.metrics import PerClientClassification, per_client_summary
-from tests.helpers import free_port
+from tests.helpers import REPO, free_port
 
-REPO = Path(__file__).resolve().parent.parent
 K, C = 7, 4
 
 

@@ -15,7 +15,7 @@ import lit_fedco
 from lit_fedco import Sync, tree_axpy, tree_map
 from lit_fedco.core.state import flatten
 from lit_fedco.testing import digits_loop
-from tests.test_failures import Forced
+from tests.engine.test_failures import Forced
 
 DONE = (3, 0, 2, 0)  # the cohort's fates: full, dropped, stopped after 2 of 3, dropped
 

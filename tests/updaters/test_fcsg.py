@@ -24,8 +24,6 @@ from lit_fedco.updaters import get_updater
 from lit_fedco.updaters.fcsg import FCSGM, AccFCSGM, FCSGMHparams
 from tests.helpers import final_checkpoint, flat_server, run_recipe, the_run
 
-REPO = Path(__file__).resolve().parent.parent
-
 
 # ---------------------------------------------------------------------- quadratic
 class Vector(nn.Module):

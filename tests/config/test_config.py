@@ -12,6 +12,7 @@ from lit_fedco.config.load import load_config, node_params, problem_name
 from lit_fedco.core.errors import ConfigError
 from lit_fedco.problems import ClientDROParams
 from lit_fedco.recipes.comfedl_dro import DEFAULTS
+from tests.helpers import REPO
 
 
 def test_defaults_and_overrides_merge_in_order(tmp_path):
@@ -56,10 +57,9 @@ def test_bad_presets_are_config_errors(tmp_path, files, pattern):
 def _shipped_presets() -> list[tuple[str, str]]:
     """(preset, recipe) for every YAML file in recipes/, the recipe read off its ``Run:`` line."""
     import re
-    from pathlib import Path
 
     out = []
-    for path in sorted((Path(__file__).resolve().parent.parent / "recipes").glob("*.yaml")):
+    for path in sorted((REPO / "recipes").glob("*.yaml")):
         m = re.search(r"python -m lit_fedco\.recipes\.(\w+) preset=(\w+)", path.read_text())
         assert m and m.group(2) == path.stem, f"{path.name}: its Run: line names another preset"
         out.append((path.stem, m.group(1)))

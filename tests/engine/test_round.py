@@ -32,9 +32,10 @@ from lit_fedco.updaters import (
     register,
 )
 from lit_fedco.updaters.base import _REGISTRY, overridden
-from tests.test_updaters import Scalar, quad_loss
+from tests.helpers import REPO
+from tests.updaters.test_updaters import Scalar, quad_loss
 
-ENGINE = Path(__file__).resolve().parent.parent / "lit_fedco" / "engine"
+ENGINE = REPO / "lit_fedco" / "engine"
 
 # Three clients ℓ_k(w) = s_k (w − t_k)², one sample each (scale s, target t).
 TARGETS = [(1.0, 0.0), (2.0, 1.0), (1.0, 3.0)]

@@ -11,8 +11,6 @@ import torch
 from lit_fedco.engine.loop import sample_cohort
 from tests.helpers import final_checkpoint, flat_server, make_loop, run_recipe, the_run
 
-REPO = Path(__file__).resolve().parent.parent
-
 
 def test_cohort_is_a_function_of_seed_and_round():
     a = sample_cohort(0, 5, 100, 10)

@@ -42,8 +42,8 @@ from lit_fedco.testing import (
 )
 from lit_fedco.updaters import CompositionalUpdater, available_updaters, get_updater
 from tests.helpers import make_loop, run_module
-from tests.test_fcsg import invariant_loop
-from tests.test_personalized import pfl_loop
+from tests.updaters.test_fcsg import invariant_loop
+from tests.updaters.test_personalized import pfl_loop
 
 
 def auprc_loop(

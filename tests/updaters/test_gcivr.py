@@ -17,7 +17,7 @@ from lit_fedco.objectives.base import model_params
 from lit_fedco.problems import FairnessParams, FairnessProblem
 from lit_fedco.updaters import GCIVR, GCIVRHparams
 from lit_fedco.updaters.gcivr import civr_direction, civr_estimate
-from tests.test_fairness import tiny_adult
+from tests.objectives.test_fairness import tiny_adult
 
 
 def test_recursion_and_direction_against_their_formulas():

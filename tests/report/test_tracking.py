@@ -49,7 +49,7 @@ def no_credentials(tmp_path, monkeypatch):
 
 def test_wandb_offline_round_trip(tmp_path, monkeypatch, no_credentials):
     """No credentials → offline, without a prompt; the run holds the config and metrics (the
-    CSV and JSONL records are the run folder's, tests/test_rundir.py)."""
+    CSV and JSONL records are the run folder's, tests/experiment/test_run_folders.py)."""
     cwd = tmp_path / "cwd"
     cwd.mkdir()
     monkeypatch.chdir(cwd)  # nothing may be written outside out_dir
