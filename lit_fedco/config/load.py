@@ -63,14 +63,7 @@ def variant_configs(cmd: CommandLine, cfg: DictConfig) -> list[tuple[str, DictCo
     out = []
     for i, variant in enumerate(cfg.variants):
         where = f"variants[{i}] {variant!r}"
-        try:
-            extra = shlex.split(variant)
-        except ValueError as err:
-            raise ConfigError(
-                f"variants[{i}]: got {variant!r}, which does not split into key=value items "
-                f"({err}); close its quotes, e.g. variants=['rounds=50 seed=1']",
-                key="variants",
-            ) from None
+        extra = split_variant(i, variant)
         try:
             vcfg = load(import_plugins(cmd.with_items(extra, f"variant {i}")))
         except ConfigError as err:
@@ -79,15 +72,45 @@ def variant_configs(cmd: CommandLine, cfg: DictConfig) -> list[tuple[str, DictCo
             if vcfg[key] != cfg[key]:
                 value = OmegaConf.to_container(vcfg[key]) if not isinstance(
                     vcfg[key], str | int | float | bool) else vcfg[key]  # fmt: skip
-                raise ConfigError(
-                    f"variants[{i}]: sets {key}={value!r}, a key of the whole run (every variant "
-                    f"runs with the run's {key}); set it outside variants, or run the variants "
-                    "as runs of their own",
-                    key="variants",
-                )
+                raise run_level_error(i, key, value)
         out.append((variant, vcfg))
     _distinct(out)
     return out or [("", cfg)]
+
+
+def split_variant(i: int, variant: str) -> list[str]:
+    """The ``key=value`` items of ``variants[i]``.
+
+    Raises:
+        ConfigError: its quotes do not close.
+    """
+    try:
+        return shlex.split(variant)
+    except ValueError as err:
+        raise ConfigError(
+            f"variants[{i}]: got {variant!r}, which does not split into key=value items "
+            f"({err}); close its quotes, e.g. variants=['rounds=50 seed=1']",
+            key="variants",
+        ) from None
+
+
+def run_level_error(i: int, key: str, value: Any) -> ConfigError:
+    """The refusal of ``variants[i]`` setting ``key`` (one of :data:`RUN_LEVEL`) to ``value``."""
+    return ConfigError(
+        f"variants[{i}]: sets {key}={value!r}, a key of the whole run (every variant runs with "
+        f"the run's {key}); set it outside variants, or run the variants as runs of their own",
+        key="variants",
+    )
+
+
+def repeated_error(j: int, first: str, i: int, second: str) -> ConfigError:
+    """The refusal of ``variants[i]`` running the same config as ``variants[j]``."""
+    return ConfigError(
+        f"variants: got variants[{j}] {first!r} and variants[{i}] {second!r}, which run the same "
+        "config, expected distinct variants (a repeated variant repeats the same runs); drop one "
+        "of them",
+        key="variants",
+    )
 
 
 def _distinct(variants: list[tuple[str, DictConfig]]) -> None:
@@ -101,12 +124,7 @@ def _distinct(variants: list[tuple[str, DictConfig]]) -> None:
         key = json.dumps(OmegaConf.to_container(vcfg, resolve=True), sort_keys=True, default=str)
         if key in seen:
             j = seen[key]
-            raise ConfigError(
-                f"variants: got variants[{j}] {variants[j][0]!r} and variants[{i}] {variant!r}, "
-                "which run the same config, expected distinct variants (a repeated variant "
-                "repeats the same runs); drop one of them",
-                key="variants",
-            )
+            raise repeated_error(j, variants[j][0], i, variant)
         seen[key] = i
 
 

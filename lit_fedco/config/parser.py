@@ -260,8 +260,8 @@ def _item(key: str, value: str) -> DictConfig:
         first = str(getattr(err, "problem", None) or err).splitlines()[0]
         fix = example(key, catalog.typed_schema(catalog.load()))
         raise ConfigError(
-            f"{key}: got {value!r} (from the command line), which does not parse ({first}); "
-            f"expected a value, or a list with its brackets closed; set e.g. {fix}",
+            f"{key}: got {shorten(value)!r} (from the command line), which does not parse "
+            f"({first}); expected a value, or a list with its brackets closed; set e.g. {fix}",
             key=key,
         ) from None
 

@@ -33,25 +33,39 @@ def _get(cfg: DictConfig, dotted: str) -> Any:
 
 def check_values(cfg: DictConfig, cat: dict[str, Any] | None = None) -> None:
     """Every check of the catalog's ``checks`` on ``cfg``, then the repeated updaters and
-    seeds.
+    seeds, then each entry of ``variants`` as far as its items alone tell
+    (:func:`lit_fedco.config.variants.screen_variants`).
 
     Raises:
         ConfigError: the first value refused, as the full check words it.
     """
+    from lit_fedco.config.variants import screen_variants
+
     checks: dict[str, Any] = (cat or catalog.load()).get("checks", {})
     for key, check in checks.items():
         value = _get(cfg, key)
-        if value is None:
-            continue
-        if "one_of" in check:
-            refs = check.get("refs", False) and ":" in str(value)  # MODULE:NAME, checked later
-            if not refs and str(value) not in check["one_of"]:
-                close = difflib.get_close_matches(str(value), check["one_of"], n=1)
-                example = close[0] if close else check["example"]  # the near miss, if any
-                raise ConfigError.bad_value(key, value, check["expected"], example)
-        elif "min" in check and isinstance(value, int) and value < check["min"]:
-            raise ConfigError.bad_value(key, value, check["expected"], check["example"])
+        if value is not None:
+            check_one(key, value, check)
     check_repeats(cfg)
+    if "variants" in cfg:
+        screen_variants(cfg, checks)  # each variant's items, before each is built
+
+
+def check_one(key: str, value: Any, check: dict[str, Any]) -> None:
+    """One of the catalog's ``checks`` on the value of ``key``.
+
+    Raises:
+        ConfigError: a name outside the enumeration (with the near miss, if any), an int below
+            the range.
+    """
+    if "one_of" in check:
+        refs = check.get("refs", False) and ":" in str(value)  # MODULE:NAME, checked later
+        if not refs and str(value) not in check["one_of"]:
+            close = difflib.get_close_matches(str(value), check["one_of"], n=1)
+            example = close[0] if close else check["example"]  # the near miss, if any
+            raise ConfigError.bad_value(key, value, check["expected"], example)
+    elif "min" in check and isinstance(value, int) and value < check["min"]:
+        raise ConfigError.bad_value(key, value, check["expected"], check["example"])
 
 
 def check_repeats(cfg: Any) -> None:

@@ -2,8 +2,10 @@
 
 ``LIT_FEDCO_KILL_AT=NAME`` (or ``NAME:N``, the N-th time, from 1) makes the process send itself
 ``SIGKILL`` when it reaches the fail point ``NAME``: nothing is cleaned up, exactly as when a
-machine dies or a scheduler kills a job. The points sit at the boundaries of a run's phases
-(:data:`POINTS`). Without the variable a fail point costs one dictionary lookup.
+machine dies or a scheduler kills a job. ``NAME:N:SIGNAL`` sends that signal instead
+(``figures:1:SIGSTOP`` holds the process there, for a test to signal it at that moment). The
+points sit at the boundaries of a run's phases (:data:`POINTS`). Without the variable a fail
+point costs one dictionary lookup.
 """
 
 from __future__ import annotations
@@ -20,6 +22,10 @@ POINTS = (
     "before_results",  # every sub-run ended; results.json and table.txt are not written
 )
 """The fail points, in the order a run reaches them."""
+CHILD_POINTS = (
+    "figures",  # the results are written; the child process that draws the figures started
+)
+"""Fail points in a child process the run outlives: a kill there ends the child only."""
 _seen: dict[str, int] = {}
 
 
@@ -34,9 +40,10 @@ def point(name: str) -> None:
     wanted = os.environ.get(ENV)
     if not wanted:
         return
-    target, _, nth = wanted.partition(":")
+    target, _, rest = wanted.partition(":")
     if target != name:
         return
+    nth, _, how = rest.partition(":")
     _seen[name] = _seen.get(name, 0) + 1
     if _seen[name] == int(nth or 1):
-        os.kill(os.getpid(), signal.SIGKILL)
+        os.kill(os.getpid(), signal.Signals[how] if how else signal.SIGKILL)

@@ -14,6 +14,7 @@ from omegaconf import DictConfig
 
 from lit_fedco.core.errors import ConfigError
 from lit_fedco.engine.schedule import ACCELERATORS
+from lit_fedco.experiment.launch_env import check_launch_env, install_lost_peer_hook
 
 STRATEGIES = ("auto", "ddp")
 """The strategies the loop runs on: it shards clients over processes itself and never wraps the
@@ -39,6 +40,7 @@ def make_fabric(cfg: DictConfig, callbacks: list[Any] | None = None) -> Fabric:
     ``fabric.call`` on every process."""
     fabric = Fabric(**fabric_settings(cfg), callbacks=callbacks)
     fabric.launch()
+    install_lost_peer_hook()  # a dead peer: one line, not gloo's traceback (launch_env.py)
     return fabric
 
 
@@ -55,6 +57,7 @@ def check_fabric(cfg: DictConfig) -> None:
     for key in ("devices", "num_nodes"):
         if cfg[key] < 1:
             raise ConfigError.bad_value(key, cfg[key], "an int >= 1", "1")
+    check_launch_env(cfg)  # NODE_RANK, MASTER_ADDR, ... against devices and num_nodes
     acc = cfg.accelerator
     if acc not in ACCELERATORS:
         raise ConfigError.bad_value("accelerator", acc, f"one of {ACCELERATORS}", "cpu")

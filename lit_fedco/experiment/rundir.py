@@ -44,7 +44,8 @@ variable set by hand) is refused (:func:`check_child`)."""
 
 def check_child(run_dir: str) -> None:
     """This process was started by the run that set :data:`RUN_DIR_ENV` (its parent is the
-    pid in :data:`RUN_OWNER_ENV`).
+    pid in :data:`RUN_OWNER_ENV`); from now on it gets SIGTERM when that run ends, however it
+    ends (``kill -9`` included), instead of waiting on as an orphan.
 
     Raises:
         ConfigError: naming the variable and how to go on.
@@ -57,6 +58,9 @@ def check_child(run_dir: str) -> None:
             f"{RUN_DIR_ENV} (lit_fedco sets it only for the processes a run starts)",
             key=RUN_DIR_ENV,
         )
+    from lit_fedco.experiment.jobs import end_with_launcher
+
+    end_with_launcher(int(owner))  # a process Fabric started ends with the run that started it
 
 
 # ---------------------------------------------------------------------- the run folder
@@ -86,11 +90,27 @@ def check_writable(out_dir: Path, recipe: str = "") -> None:
             "out_dir", str(out_dir), f"a folder, but {probe} is a file", "runs"
         )
     try:  # a real probe: permissions, read-only filesystems and a full disk all show here
-        tempfile.TemporaryDirectory(dir=probe, prefix=".lit_fedco-probe-").cleanup()
+        _probe_write(probe)
     except OSError as err:
         raise ConfigError.bad_value(
             "out_dir", str(out_dir), f"a writable folder ({probe}: {err.strerror or err})", "runs"
         ) from None
+
+
+PROBE_BYTES = 4096
+"""What :func:`check_writable` writes: a block's worth, since an empty folder or file needs no
+room on a full disk (a full tmpfs takes both)."""
+
+
+def _probe_write(folder: Path) -> None:
+    """Create, fill with :data:`PROBE_BYTES` and remove a hidden file in ``folder``.
+
+    Raises:
+        OSError: the folder cannot take it (permissions, read-only, full).
+    """
+    with tempfile.NamedTemporaryFile(dir=folder, prefix=".lit_fedco-probe-") as probe:
+        probe.write(b"\0" * PROBE_BYTES)
+        probe.flush()
 
 
 def holds_run(path: Path) -> bool:
@@ -222,8 +242,16 @@ def lock_run(
     if not shared:  # who holds it (shared holders leave the launcher's record)
         mine = {"pid": os.getpid(), "host": socket.gethostname(),
                 "since": time.strftime("%Y-%m-%dT%H:%M:%S")}  # fmt: skip
-        os.ftruncate(fd, 0)
-        os.write(fd, (json.dumps(mine) + "\n").encode())
+        try:
+            os.ftruncate(fd, 0)
+            os.write(fd, (json.dumps(mine) + "\n").encode())
+        except OSError as err:  # a disk that filled since the probe: the folder is left empty
+            os.close(fd)
+            raise ConfigError(
+                f"out_dir: cannot write the lock file {path} ({err.strerror or err}); make room "
+                "on that disk or choose another out_dir, then run again",
+                key="out_dir",
+            ) from None
     return RunLock(fd)
 
 

@@ -465,9 +465,15 @@ def summary(runs: list[dict[str, Any]]) -> str:
 
 def draw_run(run_dir: Path, title: str = "", processes: int = 1) -> dict[str, Any]:
     """The figures of one finished run, into ``<run_dir>/figures/`` (``processes``: see
-    :func:`draw`)."""
-    rec = load_run(run_dir)
-    return draw([rec], Path(run_dir) / "figures", title or rec.get("recipe", ""), processes)
+    :func:`draw`), drawn in a child process: a failure there, an abort included, is one line
+    (``figures not made: ...``) and no files (:func:`lit_fedco.report.guarded.guarded`)."""
+    from lit_fedco.report.guarded import guarded
+
+    def drawn() -> dict[str, Any]:
+        rec = load_run(run_dir)
+        return draw([rec], Path(run_dir) / "figures", title or rec.get("recipe", ""), processes)
+
+    return guarded(drawn, Path(run_dir))
 
 
 def main(argv: list[str] | None = None) -> None:
