@@ -53,26 +53,38 @@ class Plan:
     folder name, the checkpoint, its round and the run it came from; it runs as a new run."""
 
 
-def chosen(
-    cfg: DictConfig, configs: list[tuple[str, DictConfig]], seeds: list[int]
-) -> list[SubRunSpec]:
-    """The sub-runs this process runs: all of them, or ``sub_run=INDEX``'s."""
-    return [s for s in sub_runs(configs, seeds) if cfg.sub_run < 0 or s.number == cfg.sub_run]
+@dataclass
+class RunSpec:
+    """What a run is, as each step of running it reads it: the recipe, the whole run's config,
+    one (variant, config) per variant (or just ``("", cfg)``), the seeds, and what was built
+    for it once (shared by the checks, the plan and the sub-runs)."""
+
+    recipe: str
+    cfg: DictConfig
+    configs: list[tuple[str, DictConfig]]
+    seeds: list[int]
+    built: Assembly
+
+    def chosen(self) -> list[SubRunSpec]:
+        """The sub-runs this process runs: all of them, or ``sub_run=INDEX``'s."""
+        sub = self.cfg.sub_run
+        return [s for s in sub_runs(self.configs, self.seeds) if sub < 0 or s.number == sub]
+
+    def folders(self) -> list[str]:
+        """Every sub-run's folder of the whole run, the pre-trainings' last."""
+        return [s.folder for s in sub_runs(self.configs, self.seeds)] + [
+            f for *_, f in pretrain_runs(self.configs, self.seeds)
+        ]
 
 
-def plan_run(
-    recipe: str,
-    cfg: DictConfig,
-    configs: list[tuple[str, DictConfig]],
-    seeds: list[int],
-    built: Assembly,
-) -> Plan:
+def plan_run(spec: RunSpec) -> Plan:
     """Where the run goes and what it resumes; every resume problem is found here.
 
     Raises:
         ConfigError: an unwritable output location, a run name in use, no run to resume, or a
             checkpoint that does not verify or belongs to another run.
     """
+    recipe, cfg = spec.recipe, spec.cfg
     out_dir = Path(cfg.out_dir)
     check_writable(out_dir, recipe)
     plan = Plan()
@@ -89,42 +101,33 @@ def plan_run(
         if not holds_run(plan.run_dir) and cfg.sub_run < 0:
             plan.notes.append(f"run {cfg.run_name} never got past its start (no config.yaml, no "
                               "sub-run): starting it now")  # fmt: skip
-        return plan_existing(plan, recipe, cfg, configs, seeds, built)
-    return _plan_path(plan, recipe, cfg, configs, seeds, built)
+        return plan_existing(plan, spec)
+    return _plan_path(plan, spec)
 
 
-def plan_existing(
-    plan: Plan,
-    recipe: str,
-    cfg: DictConfig,
-    configs: list[tuple[str, DictConfig]],
-    seeds: list[int],
-    built: Assembly,
-) -> Plan:
+def plan_existing(plan: Plan, spec: RunSpec) -> Plan:
     """What each sub-run of ``plan.run_dir`` (or just ``sub_run``'s) continues from, or its
     final metrics when it is complete."""
     assert plan.run_dir is not None
-    check_entries(plan.run_dir, [spec.folder for spec in chosen(cfg, configs, seeds)] + [
-        folder for *_, folder in pretrain_runs(configs, seeds)])  # fmt: skip
-    for _, _, vcfg, seed, folder in pretrain_runs(configs, seeds) if cfg.sub_run < 0 else []:
+    recipe, cfg, built = spec.recipe, spec.cfg, spec.built
+    pretrains = list(pretrain_runs(spec.configs, spec.seeds))
+    check_entries(plan.run_dir, [s.folder for s in spec.chosen()] + [f for *_, f in pretrains])
+    for _, _, vcfg, seed, folder in pretrains if cfg.sub_run < 0 else []:
         plan_pretrain(plan, recipe, vcfg, seed, plan.run_dir / folder, built)
-    for spec in chosen(cfg, configs, seeds):
-        _plan_sub(plan, recipe, spec.cfg, spec.updater, spec.seed, plan.run_dir / spec.folder,
-                  built)  # fmt: skip
-    total = len(list(sub_runs(configs, seeds))) + len(list(pretrain_runs(configs, seeds)))
+    for s in spec.chosen():
+        _plan_sub(plan, recipe, s.cfg, s.updater, s.seed, plan.run_dir / s.folder, built)
+    total = len(spec.folders())
     if cfg.sub_run < 0 and plan.done and not plan.resume and len(plan.done) == total:
         plan.notes.append(f"run {plan.run_dir.name} is already complete: nothing to run")
     return plan
 
 
-def plan_finished(run_dir: Path, configs: list[tuple[str, DictConfig]], seeds: list[int]) -> Plan:
+def plan_finished(run_dir: Path, spec: RunSpec) -> Plan:
     """The plan of a ``jobs=N`` run whose workers have just completed every sub-run: each one's
     final metrics, as its ``status.json`` records them (its checkpoints were verified by the
     worker that resumed it)."""
     plan = Plan(run_dir=run_dir, after_jobs=True)
-    folders = [s.folder for s in sub_runs(configs, seeds)]
-    folders += [f for *_, f in pretrain_runs(configs, seeds)]
-    for folder in folders:
+    for folder in spec.folders():
         status = read_json(run_dir / folder / "status.json") or {}
         if status.get("state") not in ("complete", "diverged") or not status.get("final"):
             raise ConfigError(
@@ -136,20 +139,14 @@ def plan_finished(run_dir: Path, configs: list[tuple[str, DictConfig]], seeds: l
     return plan
 
 
-def _plan_path(
-    plan: Plan,
-    recipe: str,
-    cfg: DictConfig,
-    configs: list[tuple[str, DictConfig]],
-    seeds: list[int],
-    built: Assembly,
-) -> Plan:
+def _plan_path(plan: Plan, spec: RunSpec) -> Plan:
     """``resume=PATH``: the newest checkpoint of a sub-run that has not ended continues in its
     run; any other (an earlier one, or one of a complete run) starts a new run from it, and the
     run it came from is left as it is."""
-    path = Path(cfg.resume)
+    recipe, built = spec.recipe, spec.built
+    path = Path(spec.cfg.resume)
     found = ckpt.load(path)  # unreadable, truncated, corrupted: refused here
-    ((_, _, _, vcfg, name, seed, folder),) = list(sub_runs(configs, seeds))
+    ((_, _, _, vcfg, name, seed, folder),) = list(sub_runs(spec.configs, spec.seeds))
     data = built.data(vcfg, seed)
     params = built.updater(vcfg, name, seed)[0].params()
     verify(found, identity_of(recipe, vcfg, name, seed, data, params), path)
@@ -167,7 +164,7 @@ def _plan_path(
     ended = (read_json(sub_dir / "status.json") or {}).get("state") == "complete"
     if ours and newest is not None and newest[0].resolve() == path.resolve() and not ended:
         plan.run_dir = run  # the newest checkpoint of a sub-run that stopped: continue it
-        for _, _, _, pseed, pfolder in pretrain_runs(configs, seeds):  # its pre-training
+        for _, _, _, pseed, pfolder in pretrain_runs(spec.configs, spec.seeds):  # its pre-training
             plan_pretrain(plan, recipe, vcfg, pseed, plan.run_dir / pfolder, built)
     else:
         what = "a complete run" if ended else "an earlier checkpoint of its run"

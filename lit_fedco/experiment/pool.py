@@ -14,7 +14,7 @@ from omegaconf import DictConfig
 from lit_fedco.config.parser import CommandLine
 from lit_fedco.core.errors import ConfigError
 from lit_fedco.experiment.jobs import Task, per_core_limit, program_script, run_tasks, usable_cores
-from lit_fedco.experiment.plan import Plan
+from lit_fedco.experiment.plan import Plan, RunSpec
 from lit_fedco.experiment.records import record_start
 from lit_fedco.experiment.session import requested_signal, stop_on_signals
 from lit_fedco.experiment.subruns import sub_runs
@@ -61,15 +61,7 @@ def check_jobs(cfg: DictConfig, count: int) -> None:
         )  # fmt: skip
 
 
-def run_pool(
-    recipe: str,
-    cmd: CommandLine,
-    cfg: DictConfig,
-    configs: list[tuple[str, DictConfig]],
-    seeds: list[int],
-    plan: Plan,
-    run_dir: Path,
-) -> None:
+def run_pool(spec: RunSpec, cmd: CommandLine, plan: Plan, run_dir: Path) -> None:
     """The sub-runs not complete yet, ``jobs`` at a time in worker processes, a line as each
     ends.
 
@@ -77,36 +69,32 @@ def run_pool(
         SystemExit: a sub-run failed (exit code 1, after the others ended; each one named with
             how to continue it alone) or the run was stopped (128 + the signal).
     """
+    cfg = spec.cfg
     record_start(cfg, plan, run_dir)
     threads = cfg.threads or max(1, usable_cores() // cfg.jobs)
-    tasks = pool_tasks(cmd, cfg, configs, seeds, plan, run_dir, threads)
+    tasks = pool_tasks(spec, cmd, plan, run_dir, threads)
     main_path = program_script()  # a fresh worker runs it for the script's own updaters
     if tasks:  # else every sub-run is complete (a resumed run): its table follows
         print(f"lit_fedco: {len(tasks)} sub-runs, {cfg.jobs} at a time ({threads} thread(s) "
               f"each); their output goes to {run_dir / 'logs'}", flush=True)  # fmt: skip
         share_wandb_service(list(cfg.tracking))  # one W&B service for the launcher and workers
     with stop_on_signals():
-        codes = run_tasks(tasks, cfg.jobs, recipe, cmd.defaults, main_path, _report,
+        codes = run_tasks(tasks, cfg.jobs, spec.recipe, cmd.defaults, main_path, _report,
                           stop=requested_signal)  # fmt: skip
         signum = requested_signal()
     _outcome(cfg, run_dir, tasks, codes, signum)
 
 
 def pool_tasks(
-    cmd: CommandLine,
-    cfg: DictConfig,
-    configs: list[tuple[str, DictConfig]],
-    seeds: list[int],
-    plan: Plan,
-    run_dir: Path,
-    threads: int,
+    spec: RunSpec, cmd: CommandLine, plan: Plan, run_dir: Path, threads: int
 ) -> list[Task]:
     """One task per sub-run not complete yet: the launcher's command line as ``sub_run=INDEX``
     of this run, resumed where it stopped, its output in ``logs/sub_run-INDEX.txt``."""
+    cfg = spec.cfg
     argv = [a for a in cmd.argv if a.partition("=")[0].lstrip("-") not in DROPPED]
     common = [f"out_dir={cfg.out_dir}", f"run_name={run_dir.name}", "resume=auto", "jobs=1",
               "progress=false", f"threads={threads}"]  # fmt: skip
-    specs = [s for s in sub_runs(configs, seeds) if s.folder not in plan.done]
+    specs = [s for s in sub_runs(spec.configs, spec.seeds) if s.folder not in plan.done]
     return [Task(s.number, s.folder, [*argv, *common, f"sub_run={s.number}"],
                  run_dir / "logs" / f"sub_run-{s.number}.txt", kind=f"{s.variant_index}:"
                  f"{s.updater}") for s in specs]  # fmt: skip

@@ -30,7 +30,7 @@ from lit_fedco.experiment.checks import check_run
 from lit_fedco.experiment.cpu_memory import keep_freed_memory
 from lit_fedco.experiment.fabric import make_fabric
 from lit_fedco.experiment.jobs import usable_cores
-from lit_fedco.experiment.plan import Plan, chosen, plan_finished, plan_run
+from lit_fedco.experiment.plan import Plan, RunSpec, plan_finished, plan_run
 from lit_fedco.experiment.pool import check_jobs, run_pool
 from lit_fedco.experiment.records import (
     branch_start,
@@ -94,9 +94,9 @@ def run_recipe(
     held: list[Any] = []
     try:
         role = role_of(cfg, recipe)  # 1
-        configs, seeds = _configs(cmd, cfg)  # 2
-        _check(role, cfg, configs, seeds, built)  # 3
-        run_dir, plan = _place(role, recipe, cfg, configs, seeds, built, held)  # 4
+        spec = _spec(recipe, cmd, cfg, built)  # 2
+        _check(role, spec)  # 3
+        run_dir, plan = _place(role, spec, held)  # 4
     except ConfigError as err:
         for lock in held:
             lock.release()
@@ -104,42 +104,36 @@ def run_recipe(
         raise SystemExit(2) from None
     try:
         if role.pool:  # 5
-            run_pool(recipe, cmd, cfg, configs, seeds, plan, run_dir)
-            plan = _finished(run_dir, configs, seeds)
-        run = _Run(recipe, cfg, configs, seeds, plan, run_dir, columns, evaluated_on, built)
-        return _execute(run, callbacks, role)  # 6
+            run_pool(spec, cmd, plan, run_dir)
+            plan = _finished(run_dir, spec)
+        return _execute(_Run(spec, plan, run_dir, columns, evaluated_on), callbacks, role)  # 6
     finally:
         for lock in held:
             lock.release()
 
 
-def _configs(cmd: CommandLine, cfg: DictConfig) -> tuple[list[tuple[str, DictConfig]], list[int]]:
-    """One (variant, config) per variant (or just ``cfg``), each with ``executor=auto``'s
-    choice made and recorded, and the run's seeds."""
+def _spec(recipe: str, cmd: CommandLine, cfg: DictConfig, built: Assembly) -> RunSpec:
+    """The run: one (variant, config) per variant (or just ``cfg``), each with
+    ``executor=auto``'s choice made and recorded, and its seeds."""
     configs = variant_configs(cmd, cfg)
     for c in [cfg, *(c for _, c in configs)]:
         c.executor = run_executor(c)
-    return configs, list(cfg.seeds) or [cfg.seed]
+    return RunSpec(recipe, cfg, configs, list(cfg.seeds) or [cfg.seed], built)
 
 
-def _check(
-    role: Role,
-    cfg: DictConfig,
-    configs: list[tuple[str, DictConfig]],
-    seeds: list[int],
-    built: Assembly,
-) -> None:
+def _check(role: Role, spec: RunSpec) -> None:
     """The checks this process owes, and a note for each method that trains another objective
     than the run's (never silently).
 
     Raises:
         ConfigError: the first check that fails, naming its key (and variant).
     """
-    check_jobs(cfg, len(list(sub_runs(configs, seeds))))
-    checks = role.checks(configs, chosen(cfg, configs, seeds))
+    cfg = spec.cfg
+    check_jobs(cfg, len(list(sub_runs(spec.configs, spec.seeds))))
+    checks = role.checks(spec.configs, spec.chosen())
     for variant, c in checks:
         try:
-            check_run(c, built)
+            check_run(c, spec.built)
         except ConfigError as err:
             raise err.within(f"variant {variant!r}") if variant else err from None
     for line in dict.fromkeys(n for _, c in checks for n in composition_notes(c)):
@@ -151,15 +145,7 @@ def _check(
         )  # fmt: skip
 
 
-def _place(
-    role: Role,
-    recipe: str,
-    cfg: DictConfig,
-    configs: list[tuple[str, DictConfig]],
-    seeds: list[int],
-    built: Assembly,
-    held: list[Any],
-) -> tuple[Path, Plan]:
+def _place(role: Role, spec: RunSpec, held: list[Any]) -> tuple[Path, Plan]:
     """The run folder (created, found, or given) with the locks this process holds on it
     (appended to ``held``), and the plan. The processes Fabric starts read the same files and
     come to the same plan.
@@ -167,6 +153,7 @@ def _place(
     Raises:
         ConfigError: from the plan, the lock, or a sub-run joining a run of another command line.
     """
+    recipe, cfg = spec.recipe, spec.cfg
     out_dir = Path(cfg.out_dir)
     run_dir = out_dir / recipe / cfg.run_name
     if cfg.sub_run >= 0 and not role.given:  # one sub-run, beside others of the same run
@@ -174,9 +161,9 @@ def _place(
         run_dir.mkdir(parents=True, exist_ok=True)
         held.append(lock_run(run_dir, shared=True))
         check_same_run(cfg, run_dir)  # before its own lock file: a refusal writes nothing
-        own = chosen(cfg, configs, seeds)[0].folder
+        own = spec.chosen()[0].folder
         held.append(lock_run(run_dir, name=f".lock-{own}"))
-    plan = plan_run(recipe, cfg, configs, seeds, built) if not role.given or cfg.resume else Plan()
+    plan = plan_run(spec) if not role.given or cfg.resume else Plan()
     if role.given:
         run_dir = Path(role.given)
     elif cfg.sub_run < 0:
@@ -190,10 +177,10 @@ def _place(
     return run_dir, plan
 
 
-def _finished(run_dir: Path, configs: list[tuple[str, DictConfig]], seeds: list[int]) -> Plan:
+def _finished(run_dir: Path, spec: RunSpec) -> Plan:
     """The plan after a pool ran every sub-run; exit code 1 where one did not complete."""
     try:
-        return plan_finished(run_dir, configs, seeds)
+        return plan_finished(run_dir, spec)
     except ConfigError as err:
         print(f"lit_fedco: {err}", file=sys.stderr)
         raise SystemExit(1) from None
@@ -203,15 +190,11 @@ def _finished(run_dir: Path, configs: list[tuple[str, DictConfig]], seeds: list[
 class _Run:
     """A planned run, as this process runs it, and what its sub-runs have given so far."""
 
-    recipe: str
-    cfg: DictConfig
-    configs: list[tuple[str, DictConfig]]
-    seeds: list[int]
+    spec: RunSpec
     plan: Plan
     run_dir: Path
     columns: list[tuple[str, str]] | None
     evaluated_on: str
-    built: Assembly
     rows: dict[str, list[dict[str, float]]] = field(default_factory=dict)
     folders: dict[str, list[str]] = field(default_factory=dict)
     trained: dict[str, str] = field(default_factory=dict)
@@ -229,14 +212,14 @@ class _Run:
         pre-training's final model (run now, or read back), or ``init_from``'s."""
         if (i, seed) not in self.starts:
             self.starts[i, seed] = starting_point(
-                self.recipe, i, variant, vcfg, seed, self.plan, self.run_dir, fabric,
-                self.record, self.built,
+                self.spec.recipe, i, variant, vcfg, seed, self.plan, self.run_dir, fabric,
+                self.record, self.spec.built,
             )  # fmt: skip
         return self.starts[i, seed]
 
     def again(self) -> str:
         """The arguments that continue this run."""
-        return f"resume=auto run_name={self.run_dir.name} out_dir={self.cfg.out_dir}"
+        return f"resume=auto run_name={self.run_dir.name} out_dir={self.spec.cfg.out_dir}"
 
 
 def _execute(run: _Run, callbacks: list[Any] | None, role: Role) -> list[Any]:
@@ -246,10 +229,12 @@ def _execute(run: _Run, callbacks: list[Any] | None, role: Role) -> list[Any]:
     os.environ[RUN_DIR_ENV] = str(run.run_dir)
     os.environ.setdefault(RUN_OWNER_ENV, str(os.getpid()))  # the processes Fabric starts: ours
     try:
-        fabric = make_fabric(run.cfg, callbacks)
-        torch.set_num_threads(process_threads(run.cfg))  # recorded in each sub-run's status.json
-        if run.cfg.shard_data:  # each process keeps the rows of the clients it owns
-            run.built.shard(fabric.global_rank, fabric.world_size)
+        fabric = make_fabric(run.spec.cfg, callbacks)
+        torch.set_num_threads(
+            process_threads(run.spec.cfg)
+        )  # recorded in each sub-run's status.json
+        if run.spec.cfg.shard_data:  # each process keeps the rows of the clients it owns
+            run.spec.built.shard(fabric.global_rank, fabric.world_size)
         rows = _run(run, fabric)
         _shut_down(fabric)
         return rows
@@ -273,8 +258,8 @@ def process_threads(cfg: DictConfig) -> int:
 def _run(run: _Run, fabric: Any) -> list[Any]:
     """Every sub-run of a planned run, then the table, the results and the folder's listing."""
     rank0 = fabric.global_rank == 0
-    cfg, run_dir = run.cfg, run.run_dir
-    mine = chosen(cfg, run.configs, run.seeds)
+    cfg, run_dir = run.spec.cfg, run.run_dir
+    mine = run.spec.chosen()
     if rank0 and not run.plan.after_jobs:
         try:
             record_start(cfg, run.plan, run_dir, mine[0].folder if cfg.sub_run >= 0 else "")
@@ -312,7 +297,7 @@ def _run_subs(run: _Run, fabric: Any, rank0: bool) -> None:
     """This process's sub-runs in order, each run (or resumed) or read back when complete, and
     recorded under its row's label; a pre-training runs before the methods that start from it."""
     plan = run.plan
-    for _, i, variant, vcfg, name, seed, folder in chosen(run.cfg, run.configs, run.seeds):
+    for _, i, variant, vcfg, name, seed, folder in run.spec.chosen():
         init = run.start_of(i, variant, vcfg, seed, fabric)
         if folder in plan.done:
             final = plan.done[folder]
@@ -321,8 +306,8 @@ def _run_subs(run: _Run, fabric: Any, rank0: bool) -> None:
         else:
             announce = name == vcfg.updaters[0]  # once per data set
             branch = branch_start(plan, folder, run.run_dir) if rank0 else {}
-            final, _ = run_sub(fabric, vcfg, name, seed, run.recipe, run.run_dir / folder,
-                               plan.resume.get(folder), announce, init, run.built,
+            final, _ = run_sub(fabric, vcfg, name, seed, run.spec.recipe, run.run_dir / folder,
+                               plan.resume.get(folder), announce, init, run.spec.built,
                                branch)  # fmt: skip
         label = (f"{name} [{variant}]" if variant else name) + label_suffix(vcfg, name)
         run.record(label, final, folder, trains(vcfg, name)["composition"])
@@ -338,21 +323,21 @@ def _finish(run: _Run) -> None:
     """
     table_rows = list(run.rows.items())
     table = format_table(table_rows, run.columns, run.trained)
-    title = f"{run.recipe}: final metrics per method ({run.evaluated_on}, mean over clients)"
+    title = f"{run.spec.recipe}: final metrics per method ({run.evaluated_on}, mean over clients)"
     used = run.columns or TABLE_COLUMNS
     tests = against_best(table_rows, [k for k, _ in used if not k.startswith(UNTESTED)])
     if tests:  # ≥ 2 methods over ≥ 2 seeds: each against the best, seed by seed
         table += "\n\n" + format_tests(tests, dict(used))
     results = {
-        "recipe": run.recipe,
-        "config": OmegaConf.to_container(run.cfg, resolve=True),
+        "recipe": run.spec.recipe,
+        "config": OmegaConf.to_container(run.spec.cfg, resolve=True),
         "columns": [list(c) for c in used],
         "evaluated_on": run.evaluated_on,
         "trains": run.trained,
         "results": run.rows,
         **recorded(run.run_dir, run.folders),
         **({"branched_from": run.plan.branch} if run.plan.branch else {}),
-        **tuning_record(run.cfg, run.run_dir),
+        **tuning_record(run.spec.cfg, run.run_dir),
         "paired_tests": as_records(tests),
     }
     faults.point("before_results")
@@ -365,7 +350,7 @@ def _finish(run: _Run) -> None:
               "the table is above and the checkpoints hold the run", file=sys.stderr)  # fmt: skip
         raise SystemExit(1) from None
     print(f"\n{title}\n{table}")
-    _figures(run.cfg, run.run_dir, run.recipe)
+    _figures(run.spec.cfg, run.run_dir, run.spec.recipe)
     print(f"\n{contents(run.run_dir)}")
 
 

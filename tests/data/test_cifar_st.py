@@ -160,7 +160,7 @@ def test_cifar_st_presets_resolve_and_pass_the_run_checks(tmp_path, kind, c):
     """The paper's settings (§6): 8 equal clients, batch 16, ResNet20, η/10 after 90 rounds,
     γ_x = 1.3, γ_y = 1.4; every key validates against the schema and the data builds."""
     from lit_fedco.config.load import load_config
-    from lit_fedco.experiment.assemble import check_run
+    from lit_fedco.experiment.checks import check_run
     from lit_fedco.recipes.ds_feddro import DEFAULTS
 
     write_cifar(tmp_path, kind, per_class_train=4, per_class_test=2, c=c)

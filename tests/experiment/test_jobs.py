@@ -392,14 +392,14 @@ def test_jobs_2_workers_track_their_sub_runs_in_wandb(tmp_path):
 def test_a_worker_reads_the_runs_config_again_once_it_changed(tmp_path):
     """A worker checks each sub-run against the run's ``config.yaml``, read once while the file
     is unchanged: a file written again (another run of the name, resumed) is read again."""
-    from lit_fedco.experiment.runner import _run_config
+    from lit_fedco.experiment.records import run_config
 
     path = tmp_path / "config.yaml"
-    assert _run_config(path) is None
+    assert run_config(path) is None
     path.write_text("rounds: 4\ncomfedl:\n  lr: 0.05\n")
-    assert _run_config(path) == {"rounds": 4, "comfedl.lr": 0.05}
+    assert run_config(path) == {"rounds": 4, "comfedl.lr": 0.05}
     path.write_text("rounds: 4\ncomfedl:\n  lr: 0.5\n")  # the same size
     os.utime(path, ns=(1, 1))
-    assert _run_config(path) == {"rounds": 4, "comfedl.lr": 0.5}
+    assert run_config(path) == {"rounds": 4, "comfedl.lr": 0.5}
     path.write_text("[unclosed")
-    assert _run_config(path) is None
+    assert run_config(path) is None

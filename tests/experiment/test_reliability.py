@@ -494,7 +494,7 @@ def test_a_non_finite_init_from_is_named_as_such(tmp_path):
 def test_an_out_dir_with_a_newline_from_a_preset_is_refused():
     from lit_fedco.config.load import load_config
     from lit_fedco.core.errors import ConfigError
-    from lit_fedco.experiment.assemble import check_run
+    from lit_fedco.experiment.checks import check_run
     from lit_fedco.recipes.comfedl_dro import DEFAULTS
 
     cfg = load_config([], DEFAULTS)

@@ -17,7 +17,8 @@ import yaml
 
 from lit_fedco.config.load import load_config
 from lit_fedco.core.models import build_model
-from lit_fedco.experiment.assemble import DTYPES, build_data
+from lit_fedco.engine.schedule import DTYPES
+from lit_fedco.experiment.assemble import build_data
 from lit_fedco.recipes.comfedl_dro import DEFAULTS
 from lit_fedco.report.tracking import read_wandb_offline_run
 from tests.helpers import final_checkpoint, the_run

@@ -18,8 +18,8 @@ import pytest
 
 from lit_fedco.core.errors import ConfigError
 from lit_fedco.experiment.launch_env import check_launch_env, lost_peer_line
+from tests.experiment.test_reliability_more import QUICK, RECIPE, _env, _lines
 from tests.helpers import REPO, free_port
-from tests.test_reliability_more import QUICK, RECIPE, _env, _lines
 
 TWO = SimpleNamespace(devices=2, num_nodes=1)
 
