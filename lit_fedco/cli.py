@@ -15,11 +15,11 @@ import os
 import sys
 from typing import Any, NoReturn
 
+from lit_fedco.config.early import check_values
 from lit_fedco.config.helptext import render
 from lit_fedco.config.load import load
 from lit_fedco.config.parser import parse
 from lit_fedco.config.plugins import import_plugins
-from lit_fedco.config.values import check_values
 from lit_fedco.core.errors import ConfigError
 
 
@@ -101,7 +101,7 @@ def _launch(
     ``jobs=N`` workers started first. ``may_fork=False``: this process has run torch operations
     already (a tuned run's second phase), so they are started beside it, not forked."""
     launcher = cfg.jobs > 1 and cfg.sub_run < 0 and not os.environ.get("LIT_FEDCO_RUN_DIR")
-    from lit_fedco.core.forking import can_fork
+    from lit_fedco.process.forking import can_fork
 
     fork = launcher and may_fork and can_fork() and _only_our_code(cfg)
     if launcher and not fork:
@@ -135,7 +135,7 @@ def main(recipe: str, defaults: dict[str, Any], **options: Any) -> NoReturn:
     others = [t for t in threading.enumerate() if t is not threading.main_thread()]
     if any(t.is_alive() and not t.daemon for t in others):
         raise SystemExit(0)
-    from lit_fedco.experiment.jobs import exit_now
+    from lit_fedco.process.workers import exit_now
 
     exit_now(0)
 
@@ -199,12 +199,12 @@ def _list_sub_runs(cmd: Any, cfg: Any, first: int = 0) -> list[Any]:
 
 def _only_our_code(cfg: Any) -> bool:
     """Whether only lit_fedco's own code has run in this process: the program is one of its
-    recipes (:func:`~lit_fedco.experiment.jobs.program_is_a_recipe`) and the run names no module
+    recipes (:func:`~lit_fedco.process.workers.program_is_a_recipe`) and the run names no module
     of the user's own (``plugins``). Then no torch operation has run yet, and ``jobs=N`` may fork
     its workers from this process once torch is imported: a fork after torch's thread pool has
     started can hang the child's first parallel operation (GNU OpenMP), and a script or module
     of one's own may have computed at import."""
-    from lit_fedco.experiment.jobs import program_is_a_recipe
+    from lit_fedco.process.workers import program_is_a_recipe
 
     return program_is_a_recipe() and not list(cfg.plugins)
 
@@ -215,8 +215,8 @@ def _prestart_workers(cmd: Any, cfg: Any, fork: bool) -> None:
     this one once it has imported torch (Linux), else started beside it (they import torch while
     this one does)."""
     from lit_fedco.config.load import variant_configs
-    from lit_fedco.experiment.jobs import per_core_limit, prestart
     from lit_fedco.experiment.subruns import sub_runs
+    from lit_fedco.process.workers import per_core_limit, prestart
 
     try:
         count = len(list(sub_runs(variant_configs(cmd, cfg), list(cfg.seeds) or [cfg.seed])))

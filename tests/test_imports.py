@@ -208,6 +208,7 @@ def test_checker_resolves_names_and_relative_imports_without_false_cycles(tmp_pa
 
 LAYERS = {
     "core": 0,  # errors, pytree state, seeded streams, the round's vocabulary, models, metrics
+    "process": 1,  # forking, the jobs worker pool, launcher variables, fail points
     "data": 1,
     "objectives": 2,
     "problems": 3,

@@ -28,7 +28,7 @@ from typing import Any
 
 import torch
 
-from lit_fedco.experiment.cpu_memory import keep_freed_memory
+from lit_fedco.process.cpu_memory import keep_freed_memory
 
 
 def run(spec: dict[str, Any]) -> dict[str, Any] | None:

@@ -69,7 +69,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from lit_fedco.experiment.cpu_memory import keep_freed_memory
+from lit_fedco.process.cpu_memory import keep_freed_memory
 
 IMPLS = ("plain", "vectorized", "sequential")
 WORKLOADS = ("logreg", "conv", "resnet20", "cnn4")
@@ -803,7 +803,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--system-malloc",
         action="store_true",
         help="leave glibc's malloc thresholds alone (recipes raise them: "
-        "lit_fedco/experiment/cpu_memory.py)",
+        "lit_fedco/process/cpu_memory.py)",
     )
     p.add_argument("--json", type=Path, default=None, help="write the records to this file")
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")

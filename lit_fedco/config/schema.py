@@ -224,7 +224,7 @@ def build() -> dict[str, Any]:
 
 
 def value_checks() -> dict[str, Any]:
-    """The checks :func:`lit_fedco.config.values.check_values` makes before torch is imported,
+    """The checks :func:`lit_fedco.config.early.check_values` makes before torch is imported,
     by dotted key: ``one_of`` (the names the key accepts, read from the modules that define
     them; ``refs``: a ``MODULE:NAME`` is accepted too, and checked when it is imported) or
     ``min`` (an int's lower bound), each with the full check's ``expected`` and ``example``."""

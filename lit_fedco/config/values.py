@@ -18,37 +18,17 @@ from typing import Any
 
 from omegaconf import DictConfig
 
-from lit_fedco.config import catalog
 from lit_fedco.core.errors import ConfigError
 
 
-def _get(cfg: DictConfig, dotted: str) -> Any:
+def value_at(cfg: DictConfig, dotted: str) -> Any:
+    """The value at a dotted key of ``cfg``, or None where a node on the way is missing."""
     node: Any = cfg
     for part in dotted.split("."):
         if part not in node:
             return None
         node = node[part]
     return node
-
-
-def check_values(cfg: DictConfig, cat: dict[str, Any] | None = None) -> None:
-    """Every check of the catalog's ``checks`` on ``cfg``, then the repeated updaters and
-    seeds, then each entry of ``variants`` as far as its items alone tell
-    (:func:`lit_fedco.config.variants.screen_variants`).
-
-    Raises:
-        ConfigError: the first value refused, as the full check words it.
-    """
-    from lit_fedco.config.variants import screen_variants
-
-    checks: dict[str, Any] = (cat or catalog.load()).get("checks", {})
-    for key, check in checks.items():
-        value = _get(cfg, key)
-        if value is not None:
-            check_one(key, value, check)
-    check_repeats(cfg)
-    if "variants" in cfg:
-        screen_variants(cfg, checks)  # each variant's items, before each is built
 
 
 def check_one(key: str, value: Any, check: dict[str, Any]) -> None:

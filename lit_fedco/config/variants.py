@@ -29,6 +29,7 @@ from omegaconf.errors import OmegaConfBaseException
 from lit_fedco.config import catalog
 from lit_fedco.config.load import RUN_LEVEL, repeated_error, run_level_error, split_variant
 from lit_fedco.config.parser import flat_keys, known_names, merge, parse
+from lit_fedco.config.values import check_one, check_repeats
 from lit_fedco.core.errors import ConfigError
 
 try:  # the loader OmegaConf reads command-line values with (a private module: may move)
@@ -113,7 +114,7 @@ def screen_variants(cfg: DictConfig, checks: dict[str, Any]) -> None:
 
     Args:
         cfg: the run's loaded config (its command line, without the variants applied).
-        checks: the catalog's value checks (:func:`lit_fedco.config.values.check_values`).
+        checks: the catalog's value checks (:func:`lit_fedco.config.early.check_values`).
 
     Raises:
         ConfigError: the first refusal, saying which variant.
@@ -146,8 +147,6 @@ def screen_variants(cfg: DictConfig, checks: dict[str, Any]) -> None:
 
 def _names(cfg: DictConfig, values: dict[str, Any], cat: dict[str, Any]) -> None:
     """The updaters and objective a variant names are registered, no updater twice."""
-    from lit_fedco.config.values import check_repeats
-
     if "updaters" not in values and "objective" not in values:
         return
     updaters = values.get("updaters", list(cfg.updaters))
@@ -172,8 +171,6 @@ def _run_level(cfg: DictConfig, i: int, values: dict[str, Any]) -> None:
 
 def _values(values: dict[str, Any], checks: dict[str, Any], variant: str) -> None:
     """The catalog's enumerations and ranges on the values a variant sets."""
-    from lit_fedco.config.values import check_one
-
     for key, value in values.items():
         if key in checks and value is not None and not _has_interpolation(value):
             try:

@@ -29,7 +29,6 @@ import torch
 from lightning.fabric import Fabric
 from torch import Tensor
 
-from lit_fedco.core import faults
 from lit_fedco.core.errors import ConfigError
 from lit_fedco.core.protocol import RoundInfo
 from lit_fedco.core.seeding import client_generator, client_generators, sample_cohort
@@ -43,6 +42,7 @@ from lit_fedco.engine.round import federated_round
 from lit_fedco.engine.schedule import LoopConfig
 from lit_fedco.engine.store import make_store, owned_by, owned_clients
 from lit_fedco.problems import Classification, Problem, ProblemParams
+from lit_fedco.process import faults
 from lit_fedco.updaters.base import CompositionalUpdater
 
 __all__ = ["FederatedLoop", "LoopConfig", "client_generator", "sample_cohort"]

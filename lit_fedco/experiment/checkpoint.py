@@ -24,8 +24,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor
 
-from lit_fedco.core import faults
 from lit_fedco.core.errors import ConfigError
+from lit_fedco.process import faults
 
 if TYPE_CHECKING:
     from lit_fedco.data import FederatedData

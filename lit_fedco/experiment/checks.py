@@ -15,9 +15,9 @@ from lit_fedco.engine.executors import make_executor
 from lit_fedco.engine.schedule import DTYPES
 from lit_fedco.experiment.assemble import Assembly, loop_config, run_executor
 from lit_fedco.experiment.fabric import check_fabric
-from lit_fedco.experiment.jobs import per_core_limit
 from lit_fedco.experiment.pretrain import check as check_pretrain
 from lit_fedco.experiment.pretrain import check_shapes, enabled, load_params, pretrain_config
+from lit_fedco.process.workers import per_core_limit
 from lit_fedco.report.tracking import check_tracking, check_wandb_server
 from lit_fedco.updaters.base import CompositionalUpdater, available_updaters, get_updater
 

@@ -14,7 +14,7 @@ from omegaconf import DictConfig
 
 from lit_fedco.core.errors import ConfigError
 from lit_fedco.engine.schedule import ACCELERATORS
-from lit_fedco.experiment.launch_env import check_launch_env, install_lost_peer_hook
+from lit_fedco.process.launch_env import check_launch_env, install_lost_peer_hook
 
 STRATEGIES = ("auto", "ddp")
 """The strategies the loop runs on: it shards clients over processes itself and never wraps the

@@ -1,6 +1,6 @@
 """``jobs=N``: a whole run as a pool of ``N`` worker processes over its sub-runs, each worker
 running one sub-run at a time exactly as ``sub_run=INDEX`` would (forked after the imports:
-:mod:`lit_fedco.experiment.jobs`), a line as each ends; then the launcher writes the table."""
+:mod:`lit_fedco.process.workers`), a line as each ends; then the launcher writes the table."""
 
 from __future__ import annotations
 
@@ -13,11 +13,11 @@ from omegaconf import DictConfig
 
 from lit_fedco.config.parser import CommandLine
 from lit_fedco.core.errors import ConfigError
-from lit_fedco.experiment.jobs import Task, per_core_limit, program_script, run_tasks, usable_cores
 from lit_fedco.experiment.plan import Plan, RunSpec
 from lit_fedco.experiment.records import record_start
 from lit_fedco.experiment.session import requested_signal, stop_on_signals
 from lit_fedco.experiment.subruns import sub_runs
+from lit_fedco.process.workers import Task, per_core_limit, program_script, run_tasks, usable_cores
 from lit_fedco.report.tracking import share_wandb_service
 
 DROPPED = ("jobs", "sub_run", "resume", "run_name", "out_dir", "progress", "threads")

@@ -21,9 +21,9 @@ from pathlib import Path
 from omegaconf import DictConfig
 
 from lit_fedco.experiment.fabric import launch_rank
-from lit_fedco.experiment.jobs import WORKER_ENV
 from lit_fedco.experiment.rundir import RUN_DIR_ENV, check_child
 from lit_fedco.experiment.subruns import SubRunSpec
+from lit_fedco.process.workers import WORKER_ENV
 
 
 @dataclass(frozen=True)

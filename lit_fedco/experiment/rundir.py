@@ -30,9 +30,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from lit_fedco.core import faults
 from lit_fedco.core.errors import ConfigError
 from lit_fedco.experiment.checkpoint import atomic_write
+from lit_fedco.process import faults
 
 RUN_DIR_ENV = "LIT_FEDCO_RUN_DIR"
 """Set by the launching process so that the processes Fabric starts share its run folder."""
@@ -58,7 +58,7 @@ def check_child(run_dir: str) -> None:
             f"{RUN_DIR_ENV} (lit_fedco sets it only for the processes a run starts)",
             key=RUN_DIR_ENV,
         )
-    from lit_fedco.experiment.jobs import end_with_launcher
+    from lit_fedco.process.workers import end_with_launcher
 
     end_with_launcher(int(owner))  # a process Fabric started ends with the run that started it
 

@@ -23,13 +23,10 @@ from omegaconf import DictConfig, OmegaConf
 
 from lit_fedco.config.load import variant_configs
 from lit_fedco.config.parser import CommandLine
-from lit_fedco.core import faults
 from lit_fedco.core.errors import ConfigError
 from lit_fedco.experiment.assemble import Assembly, composition_notes, run_executor, trains
 from lit_fedco.experiment.checks import check_run
-from lit_fedco.experiment.cpu_memory import keep_freed_memory
 from lit_fedco.experiment.fabric import make_fabric
-from lit_fedco.experiment.jobs import usable_cores
 from lit_fedco.experiment.plan import Plan, RunSpec, plan_finished, plan_run
 from lit_fedco.experiment.pool import check_jobs, run_pool
 from lit_fedco.experiment.records import (
@@ -54,6 +51,9 @@ from lit_fedco.experiment.session import Stopped, WriteFailed, run_sub, stop_on_
 from lit_fedco.experiment.starts import starting_point
 from lit_fedco.experiment.subruns import sub_runs
 from lit_fedco.experiment.tuning import label_suffix
+from lit_fedco.process import faults
+from lit_fedco.process.cpu_memory import keep_freed_memory
+from lit_fedco.process.workers import usable_cores
 from lit_fedco.report.paired import against_best, as_records, format_tests
 from lit_fedco.report.table import TABLE_COLUMNS, UNTESTED, format_table
 from lit_fedco.report.tracking import log_figures

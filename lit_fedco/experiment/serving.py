@@ -1,12 +1,12 @@
-"""The worker side of ``jobs=N`` (:mod:`lit_fedco.experiment.jobs` is the launcher's): a worker
+"""The worker side of ``jobs=N`` (:mod:`lit_fedco.process.workers` is the launcher's): a worker
 runs one sub-run at a time, each the recipe's own command line through :func:`lit_fedco.cli.run`,
 with everything it prints going to the sub-run's log.
 
 It reads one JSON line per task (``recipe``, ``defaults``, ``argv``, ``log``, ``main``, ``env``:
-variables set before the task runs, :data:`lit_fedco.experiment.jobs.SHARED_ENV`) and answers
+variables set before the task runs, :data:`lit_fedco.process.workers.SHARED_ENV`) and answers
 ``{"code": EXIT_CODE}`` on a channel of its own. SIGTERM and SIGINT stop the sub-run in progress
 after its round, with a checkpoint (as they stop any run); no later task starts. A worker is
-either forked from the launcher (:class:`lit_fedco.experiment.jobs.Forked`) or started as
+either forked from the launcher (:class:`lit_fedco.process.workers.Forked`) or started as
 ``python -m lit_fedco.worker``.
 """
 

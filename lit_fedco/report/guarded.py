@@ -21,7 +21,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from lit_fedco.core import faults
+from lit_fedco.process import faults
 
 EMPTY: dict[str, Any] = {"files": [], "plotted": {}, "labels": {}}
 """What :func:`guarded` returns for figures not made."""
@@ -33,7 +33,7 @@ def guarded(draw: Callable[[], dict[str, Any]], run_dir: Path) -> dict[str, Any]
     Raises:
         SystemExit: 128 + the signal, after the line, when SIGINT or SIGTERM stopped it.
     """
-    from lit_fedco.core.forking import can_fork
+    from lit_fedco.process.forking import can_fork
 
     try:
         if not can_fork():
@@ -77,7 +77,7 @@ def _in_child(draw: Callable[[], dict[str, Any]]) -> dict[str, Any]:
         _ChildFailed: the child raised, aborted or was killed.
         _Stopped: SIGTERM stopped this process while it waited (SIGINT: KeyboardInterrupt).
     """
-    from lit_fedco.core.forking import fork
+    from lit_fedco.process.forking import fork
 
     read, write = os.pipe()
     with tempfile.TemporaryFile() as errors:

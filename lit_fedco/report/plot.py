@@ -314,7 +314,7 @@ def _in_processes(figures: list[Callable[[], Drawing]], processes: int) -> list[
     import os
     import pickle
 
-    from lit_fedco.core.forking import can_fork, fork
+    from lit_fedco.process.forking import can_fork, fork
 
     groups = min(processes, len(figures))
     if groups <= 1 or not can_fork():

@@ -203,8 +203,8 @@ def test_the_checks_read_the_names_from_the_modules_that_define_them():
     every = {*names.BUILTIN_SOURCES, *names.OTHER_SOURCES, *names.FILE_READERS}
     assert set(checks["data.name"]["one_of"]) == every
     # a ref with a colon is left to its import (model.name=MODULE:NAME, data.name=MODULE:FN)
+    from lit_fedco.config.early import check_values
     from lit_fedco.config.load import load_config
-    from lit_fedco.config.values import check_values
     from lit_fedco.recipes.comfedl_dro import DEFAULTS
 
     cfg = load_config([], DEFAULTS)

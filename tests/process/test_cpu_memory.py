@@ -1,4 +1,4 @@
-"""The CPU allocator setting (lit_fedco/experiment/cpu_memory.py): applied on Linux with glibc, left
+"""The CPU allocator setting (lit_fedco/process/cpu_memory.py): applied on Linux with glibc, left
 alone when opted out; each case in a fresh process, since the setting is per process."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import pytest
 from tests.helpers import REPO
 
 CODE = (
-    "from lit_fedco.experiment.cpu_memory import keep_freed_memory as k; import sys; "
+    "from lit_fedco.process.cpu_memory import keep_freed_memory as k; import sys; "
     "a = k(); b = k(); print(a, b)"
 )
 

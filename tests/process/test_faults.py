@@ -1,5 +1,5 @@
 """Faults at every phase boundary of a run, for real: the process sends itself ``SIGKILL``
-(:mod:`lit_fedco.core.faults`) before ``config.yaml`` is written, in the middle of a checkpoint
+(:mod:`lit_fedco.process.faults`) before ``config.yaml`` is written, in the middle of a checkpoint
 write, in the middle of a metrics line, during an evaluation, and after the last round before
 ``results.json``; ``resume=auto`` then completes the run, bit-identical to one never killed.
 A write that fails on a full file system (a real ``EFBIG`` from the kernel under a file-size
@@ -20,8 +20,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from lit_fedco.core.faults import ENV, POINTS
 from lit_fedco.experiment import checkpoint as ckpt
+from lit_fedco.process.faults import ENV, POINTS
 from tests.helpers import REPO, override
 
 pytestmark = pytest.mark.slow  # real processes

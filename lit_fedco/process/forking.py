@@ -2,7 +2,7 @@
 Python's warning about threads.
 
 Two parts of lit_fedco fork: ``jobs=N`` forks its workers right after the imports
-(:class:`lit_fedco.experiment.jobs.Forked`), and the run's figures are drawn by forked children
+(:class:`lit_fedco.process.workers.Forked`), and the run's figures are drawn by forked children
 (:func:`lit_fedco.report.plot.draw`). Both go through :func:`fork`.
 """
 

@@ -1,14 +1,12 @@
-"""``jobs=N``: a run's sub-runs N at a time, each in a process of its own on its own core(s).
+"""The worker pool beneath ``jobs=N`` (:mod:`lit_fedco.experiment.pool` builds its tasks from a
+run's sub-runs): N worker processes, each on its own core(s), each given one task at a time.
 
-The launching process checks the run, creates its folder and writes ``config.yaml``; then it
-keeps N worker processes busy (on Linux forked from it once it has imported torch,
-:class:`Forked`; elsewhere ``python -m lit_fedco.worker``, each importing torch once),
-handing each one sub-run at a time: the recipe's own command line with
-``sub_run=INDEX resume=auto jobs=1`` (:func:`lit_fedco.cli.run`), its output in
-``<run>/logs/sub_run-INDEX.txt``. A worker that dies (``kill -9``, out of memory) is replaced and
-its sub-run reported as failed: it resumes alone with ``sub_run=INDEX resume=auto``. When every
-sub-run is complete, the launcher writes the one table, results and figures, exactly as
-``jobs=1`` would (the same numbers: a sub-run is a function of its config and seed).
+Workers are forked from the launching process once it has imported torch (:class:`Forked`,
+on Linux), else started as ``python -m lit_fedco.worker``, each importing torch once. A task is
+a recipe's command line (``sub_run=INDEX resume=auto jobs=1``), its output going to a log file.
+A worker that dies (``kill -9``, out of memory) is replaced and its task reported as failed; a
+stop (SIGTERM, SIGINT) reaches every busy worker, and one that cannot answer within
+:data:`STOP_GRACE` is killed. A worker ends with its launcher (:func:`end_with_launcher`).
 
 A worker (:mod:`lit_fedco.experiment.serving`) reads one JSON line per task and answers one
 JSON line on a pipe of its own.
@@ -28,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, NoReturn
 
-from lit_fedco.core.forking import fork
+from lit_fedco.process.forking import fork
 
 Serve = Callable[[IO[str], IO[str]], None]
 """A forked worker's loop, given its tasks' input and its answers' channel

@@ -17,7 +17,7 @@ from types import SimpleNamespace
 import pytest
 
 from lit_fedco.core.errors import ConfigError
-from lit_fedco.experiment.launch_env import check_launch_env, lost_peer_line
+from lit_fedco.process.launch_env import check_launch_env, lost_peer_line
 from tests.experiment.test_reliability_more import QUICK, RECIPE, _env, _lines
 from tests.helpers import REPO, free_port
 
