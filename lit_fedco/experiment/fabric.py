@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import socket
+import sys
 from typing import Any
 
 import torch
@@ -14,7 +15,13 @@ from omegaconf import DictConfig
 
 from lit_fedco.core.errors import ConfigError
 from lit_fedco.engine.schedule import ACCELERATORS
-from lit_fedco.process.launch_env import check_launch_env, install_lost_peer_hook
+from lit_fedco.experiment.rundir import RUN_DIR_ENV
+from lit_fedco.process.launch_env import (
+    check_launch_env,
+    install_lost_peer_hook,
+    lost_peer_line,
+    rendezvous_timeout,
+)
 
 STRATEGIES = ("auto", "ddp")
 """The strategies the loop runs on: it shards clients over processes itself and never wraps the
@@ -24,9 +31,14 @@ one process) make sense."""
 
 def fabric_settings(cfg: DictConfig) -> dict[str, Any]:
     """The arguments of ``Fabric`` for the config's accelerator, devices, nodes and strategy."""
-    strategy = cfg.strategy
+    strategy: Any = cfg.strategy
     if strategy == "auto" and cfg.devices * cfg.num_nodes > 1:
         strategy = "ddp"  # processes started by Fabric; gloo on CPU, NCCL on GPUs
+    timeout = rendezvous_timeout()
+    if strategy == "ddp" and timeout is not None:  # how long the processes wait for each other
+        from lightning.fabric.strategies import DDPStrategy
+
+        strategy = DDPStrategy(timeout=timeout)
     return dict(
         accelerator=cfg.accelerator, devices=cfg.devices, num_nodes=cfg.num_nodes, strategy=strategy
     )
@@ -39,7 +51,14 @@ def make_fabric(cfg: DictConfig, callbacks: list[Any] | None = None) -> Fabric:
     ``on_round_end(loop, logs)``, ``on_eval_end(loop, metrics)``), called through
     ``fabric.call`` on every process."""
     fabric = Fabric(**fabric_settings(cfg), callbacks=callbacks)
-    fabric.launch()
+    try:
+        fabric.launch()
+    except Exception as err:  # the processes never met (a node not started): one line
+        line = lost_peer_line(err, os.environ.get(RUN_DIR_ENV))
+        if line is None:
+            raise
+        print(line, file=sys.stderr, flush=True)
+        raise SystemExit(1) from None
     install_lost_peer_hook()  # a dead peer: one line, not gloo's traceback (launch_env.py)
     return fabric
 

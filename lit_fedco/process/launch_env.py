@@ -57,6 +57,11 @@ def check_launch_env(cfg: Any) -> None:
     world = devices * nodes
     if world <= 1:
         return
+    wait = os.environ.get(RENDEZVOUS_TIMEOUT_ENV)
+    if wait is not None and not _positive(wait):
+        expected = "seconds > 0 (how long the processes wait for each other)"
+        raise _fix(RENDEZVOUS_TIMEOUT_ENV, wait, expected,
+                   f"set e.g. {RENDEZVOUS_TIMEOUT_ENV}=600, or unset it")  # fmt: skip
     one = "unset NODE_RANK on a single node (or set num_nodes)"
     many = "set NODE_RANK to this node's index (0 on the first), or num_nodes to the nodes started"
     _int_in("NODE_RANK", 0, nodes, f"num_nodes={nodes}", many if nodes > 1 else one)
@@ -74,6 +79,15 @@ def check_launch_env(cfg: Any) -> None:
     addr = os.environ.get("MASTER_ADDR")
     if addr is not None:
         _check_resolves(addr)
+
+
+def _positive(text: str) -> bool:
+    """``text`` is a finite number of seconds > 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        return False
+    return 0 < value < float("inf")
 
 
 def _check_resolves(addr: str) -> None:
@@ -104,8 +118,9 @@ def _check_resolves(addr: str) -> None:
 
 
 def rendezvous_timeout() -> timedelta | None:
-    """How long the processes of a run wait for each other to start: ``LIT_FEDCO_RENDEZVOUS_
-    TIMEOUT`` seconds when set (a strategy's ``timeout``), else None (torch's default)."""
+    """How long the processes of a run wait for each other, to start and at each collective:
+    ``LIT_FEDCO_RENDEZVOUS_TIMEOUT`` seconds when set (the ``ddp`` strategy's ``timeout``), else
+    None (torch's default, 30 minutes)."""
     value = os.environ.get(RENDEZVOUS_TIMEOUT_ENV)
     return timedelta(seconds=float(value)) if value else None
 
@@ -129,7 +144,10 @@ def lost_peer_line(err: BaseException, run_dir: str | None = None) -> str | None
     again = ""
     if run_dir:
         parent, name = os.path.split(run_dir.rstrip("/"))
-        again = (f"; continue from its last checkpoint with: resume=auto run_name={name} "
+        how = (
+            "then run it again" if "clients joined" in text else "continue from its last checkpoint"
+        )
+        again = (f"; {how} with: resume=auto run_name={name} "
                  f"out_dir={os.path.dirname(parent)}")  # fmt: skip
     return f"lit_fedco: {what}{again}"
 

@@ -34,10 +34,20 @@ TWO = SimpleNamespace(devices=2, num_nodes=1)
         ({"WORLD_SIZE": "3"}, r"WORLD_SIZE: got '3', expected 2 \(devices=2 × num_nodes=1\)"),
         ({"MASTER_PORT": "0"}, r"MASTER_PORT: got '0', expected a TCP port in \[1, 65535\]"),
         ({"MASTER_ADDR": "no.such.host.invalid"}, r"MASTER_ADDR: got 'no\.such\.host\.invalid', expected a host name or address that resolves here"),  # noqa: E501
+        ({"LIT_FEDCO_RENDEZVOUS_TIMEOUT": "soon"}, r"LIT_FEDCO_RENDEZVOUS_TIMEOUT: got 'soon', expected seconds > 0"),  # noqa: E501
+        ({"LIT_FEDCO_RENDEZVOUS_TIMEOUT": "0"}, r"LIT_FEDCO_RENDEZVOUS_TIMEOUT: got '0', expected seconds > 0"),  # noqa: E501
     ],
 )  # fmt: skip
 def test_launcher_variables_that_do_not_fit_are_named(env, line, monkeypatch):
-    for key in ("NODE_RANK", "LOCAL_RANK", "RANK", "WORLD_SIZE", "MASTER_PORT", "MASTER_ADDR"):
+    for key in (
+        "NODE_RANK",
+        "LOCAL_RANK",
+        "RANK",
+        "WORLD_SIZE",
+        "MASTER_PORT",
+        "MASTER_ADDR",
+        "LIT_FEDCO_RENDEZVOUS_TIMEOUT",
+    ):
         monkeypatch.delenv(key, raising=False)
     for key, value in env.items():
         monkeypatch.setenv(key, value)
@@ -84,6 +94,24 @@ def test_launches_that_hung_are_refused_before_anything_is_written(env, start, t
     (line,) = proc.stderr.splitlines()
     assert line.startswith(start)
     assert not any(tmp_path.iterdir())
+
+
+@pytest.mark.slow
+def test_a_node_that_never_comes_is_one_line_after_the_rendezvous_timeout(tmp_path):
+    """Node 0 of a two-node run whose node 1 is never started: it waits
+    ``LIT_FEDCO_RENDEZVOUS_TIMEOUT`` seconds, then says so in one line (exit code 1), not a
+    traceback, and not torch's 30 minutes."""
+    env = _env(NODE_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()),
+               LIT_FEDCO_RENDEZVOUS_TIMEOUT="3")  # fmt: skip
+    start = time.monotonic()
+    proc = subprocess.run([*RECIPE, *QUICK, f"out_dir={tmp_path}", "run_name=alone", "devices=1",
+                           "num_nodes=2"], capture_output=True, text=True, cwd=REPO, env=env,
+                          timeout=120)  # fmt: skip
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    assert time.monotonic() - start < 60
+    (line,) = _lines(proc.stderr)
+    assert line.startswith("lit_fedco: the run's processes did not all start (Timed out after")
+    assert line.endswith(f"then run it again with: resume=auto run_name=alone out_dir={tmp_path}")
 
 
 def _start_two(out: Path) -> tuple[subprocess.Popen, int]:
