@@ -1,6 +1,7 @@
 """Wall time of the command line's answers that must not wait for torch: ``--help``,
-``--help-all``, an unknown key and a value the catalog refuses (a name outside its
-enumeration, an int below its range, a repeated updater), each a fresh
+``--help-all``, an unknown key and one value of each kind the catalog refuses (a name outside
+an enumeration: model, partition, executor; an int below its range; a value of the wrong type;
+a repeated updater; a repeated variant; a bad last entry of 1,000 variants), each a fresh
 ``python -m lit_fedco.recipes.<recipe>`` process, started from this repository.
 
     python -m lit_fedco.benchmarks.cli [--recipe ds_feddro] [--repeat 10]
@@ -37,13 +38,19 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--repeat", type=int, default=10)
     args = parser.parse_args(argv)
     recipe = [sys.executable, "-m", f"lit_fedco.recipes.{args.recipe}"]
+    many = ",".join([f"rounds={r}" for r in range(2, 1001)] + ["rounds=0"])
     cases = [
         ("--help", [*recipe, "--help"]),
         ("--help-all", [*recipe, "--help-all"]),
         ("unknown key (roundz=3)", [*recipe, "roundz=3"]),
         ("bad name (model.name=cnnn)", [*recipe, "model.name=cnnn"]),
         ("out of range (rounds=0)", [*recipe, "rounds=0"]),
+        ("bad partition", [*recipe, "data.partition=dirichlett"]),
+        ("bad executor", [*recipe, "executor=vectorised"]),
+        ("wrong type (rounds=abc)", [*recipe, "rounds=abc"]),
         ("repeated (updaters=[a,a])", [*recipe, "updaters=[fedavg,fedavg]"]),
+        ("repeated variants", [*recipe, "variants=[rounds=3,rounds=3]"]),
+        ("1,000 variants, last bad", [*recipe, f"variants=[{many}]"]),
         ("python -c pass", [sys.executable, "-c", "pass"]),
         ("python -c 'import torch'", [sys.executable, "-c", "import torch"]),
     ]
