@@ -29,7 +29,6 @@ if TYPE_CHECKING:
 
 ClientFn = Callable[[Any, Any, Any], Any]
 """``fn(state, batches, ctx) -> output`` for one client; outputs are pytrees of tensors."""
-"""``fn(t, state, batches, ctx) -> logs``: step t of one client, written into its state."""
 
 
 class Executor:

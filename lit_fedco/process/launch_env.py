@@ -47,21 +47,22 @@ def _int_in(name: str, low: int, high: int, what: str, how: str) -> None:
 
 
 def check_launch_env(cfg: Any) -> None:
-    """The launcher's variables fit the run's ``devices`` and ``num_nodes`` (nothing is checked
-    for a run of one process, which meets no other).
+    """``LIT_FEDCO_RENDEZVOUS_TIMEOUT`` is seconds > 0, and the launcher's variables fit the
+    run's ``devices`` and ``num_nodes`` (not checked for a run of one process, which meets no
+    other).
 
     Raises:
         ConfigError: naming the variable, its value, what is expected and how to fix it.
     """
+    wait = os.environ.get(RENDEZVOUS_TIMEOUT_ENV)
+    if wait is not None and not _positive(wait):  # read for any run with strategy=ddp
+        expected = "seconds > 0 (how long the processes wait for each other)"
+        raise _fix(RENDEZVOUS_TIMEOUT_ENV, wait, expected,
+                   f"set e.g. {RENDEZVOUS_TIMEOUT_ENV}=600, or unset it")  # fmt: skip
     devices, nodes = int(cfg.devices), int(cfg.num_nodes)
     world = devices * nodes
     if world <= 1:
         return
-    wait = os.environ.get(RENDEZVOUS_TIMEOUT_ENV)
-    if wait is not None and not _positive(wait):
-        expected = "seconds > 0 (how long the processes wait for each other)"
-        raise _fix(RENDEZVOUS_TIMEOUT_ENV, wait, expected,
-                   f"set e.g. {RENDEZVOUS_TIMEOUT_ENV}=600, or unset it")  # fmt: skip
     one = "unset NODE_RANK on a single node (or set num_nodes)"
     many = "set NODE_RANK to this node's index (0 on the first), or num_nodes to the nodes started"
     _int_in("NODE_RANK", 0, nodes, f"num_nodes={nodes}", many if nodes > 1 else one)
@@ -122,7 +123,7 @@ def rendezvous_timeout() -> timedelta | None:
     ``LIT_FEDCO_RENDEZVOUS_TIMEOUT`` seconds when set (the ``ddp`` strategy's ``timeout``), else
     None (torch's default, 30 minutes)."""
     value = os.environ.get(RENDEZVOUS_TIMEOUT_ENV)
-    return timedelta(seconds=float(value)) if value else None
+    return timedelta(seconds=float(value)) if value is not None and _positive(value) else None
 
 
 def lost_peer_line(err: BaseException, run_dir: str | None = None) -> str | None:

@@ -5,8 +5,8 @@ Workers are forked from the launching process once it has imported torch (:class
 on Linux), else started as ``python -m lit_fedco.worker``, each importing torch once. A task is
 a recipe's command line (``sub_run=INDEX resume=auto jobs=1``), its output going to a log file.
 A worker that dies (``kill -9``, out of memory) is replaced and its task reported as failed; a
-stop (SIGTERM, SIGINT) reaches every busy worker, and one that cannot answer within
-:data:`STOP_GRACE` is killed. A worker ends with its launcher (:func:`end_with_launcher`).
+stop (SIGTERM, SIGINT) reaches every busy worker, with SIGCONT for one that was suspended.
+A worker ends with its launcher (:func:`end_with_launcher`).
 
 A worker (:mod:`lit_fedco.experiment.serving`) reads one JSON line per task and answers one
 JSON line on a pipe of its own.
@@ -246,13 +246,6 @@ def prestart(count: int, fork: Serve | None = None) -> None:
         _POOL.append(Worker(Forked(fork)) if fork is not None else _start(_env()))
 
 
-STOP_GRACE = float(os.environ.get("LIT_FEDCO_STOP_GRACE", "60"))
-"""Seconds a stopping run waits for its workers to checkpoint and answer
-(``LIT_FEDCO_STOP_GRACE``, default 60); then the ones still running (suspended with SIGSTOP,
-hung) are killed, and the launcher ends all the same: their sub-runs resume from their last
-checkpoint."""
-
-
 def run_tasks(
     tasks: list[Task],
     jobs: int,
@@ -264,9 +257,9 @@ def run_tasks(
 ) -> dict[int, int]:
     """Run ``tasks`` on ``jobs`` workers; ``report(task, code, finished, total)`` after each.
     ``stop()`` (polled every second) returning a signal number stops the run: the workers get
-    it, with SIGCONT for one that was suspended (they checkpoint and stop, as a run does), no
-    new task starts, and a worker that has not answered :data:`STOP_GRACE` seconds later is
-    killed.
+    it (they checkpoint and stop, as a run does) and no new task starts; a worker suspended
+    (SIGSTOP) gets SIGCONT with it, and again whenever it is found suspended while the run
+    stops, so that it acts on the signal.
 
     Returns:
         The exit code of every task that ran (-9 for one whose worker died).
@@ -278,14 +271,13 @@ def run_tasks(
     codes: dict[int, int] = {}
     took: dict[str, list[float]] = {}  # the seconds of each finished task, by kind
     workers = _workers(min(jobs, len(tasks)), env)
-    stopping, since = 0, 0.0
+    stopping = 0
     try:
         while any(w.task is not None for w in workers) or (todo and not stopping):
             if not stopping and (stopping := stop()):  # before any new task is handed out
-                since = time.monotonic()
                 _signal_busy(workers, stopping)
-            elif stopping and time.monotonic() - since > STOP_GRACE:
-                break  # a worker that cannot answer (suspended, hung): killed below
+            elif stopping:
+                _continue_suspended(workers)  # suspended again since: it must act on the stop
             if not stopping:
                 _hand_out(workers, todo, took, base)
             found = _next_answer([w for w in workers if w.task is not None])
@@ -294,9 +286,10 @@ def run_tasks(
                 report(task, code, len(codes), len(tasks))
                 found.task = None
                 if died:  # the worker died with its task: a fresh one takes its place
+                    found.proc.wait()
                     workers[workers.index(found)] = _start(env)
     finally:
-        _end(workers, bool(stopping) or len(codes) < len(tasks), since)
+        _end(workers, bool(stopping) or len(codes) < len(tasks))
     return codes
 
 
@@ -318,6 +311,23 @@ def _signal_busy(workers: list[Worker], signum: int) -> None:
             with contextlib.suppress(ProcessLookupError):
                 w.proc.send_signal(signum)
                 w.proc.send_signal(signal.SIGCONT)
+
+
+def _continue_suspended(workers: list[Worker]) -> None:
+    """SIGCONT to every busy worker that is suspended (state ``T`` in ``/proc``; nothing where
+    there is no ``/proc``)."""
+    for w in workers:
+        if w.task is not None and _state(w.proc.pid) == b"T":
+            with contextlib.suppress(ProcessLookupError):
+                w.proc.send_signal(signal.SIGCONT)
+
+
+def _state(pid: int) -> bytes:
+    """The state letter of process ``pid`` (``T``: stopped by a signal), or ``b""``."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_bytes().rsplit(b")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return b""
 
 
 def _hand_out(
@@ -344,26 +354,20 @@ def _collect(
     code = int(json.loads(answer)["code"]) if answer else -9
     codes[w.task.index] = code
     took.setdefault(w.task.kind, []).append(time.perf_counter() - w.task.started)
-    if not answer:
-        w.proc.wait()
     return w.task, code, not answer
 
 
-def _end(workers: list[Worker], stopped: bool, since: float) -> None:
-    """Close every worker's input (an idle one ends); after a stop, give the busy ones what is
-    left of :data:`STOP_GRACE` to write their checkpoints, then kill those still running."""
+def _end(workers: list[Worker], stopped: bool) -> None:
+    """Close every worker's input (an idle one ends); after a stop, give each busy one a minute
+    to write its checkpoint and end, then kill it."""
     for w in workers:
         with contextlib.suppress(OSError):
             if w.proc.stdin is not None:
                 w.proc.stdin.close()
-    if not stopped:
-        return
-    deadline = (since or time.monotonic()) + STOP_GRACE
-    for w in workers:
+    for w in workers if stopped else []:
         with contextlib.suppress(subprocess.TimeoutExpired):
-            w.proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+            w.proc.wait(timeout=60)  # a stopping worker writes its checkpoint first
         if w.proc.poll() is None:
-            w.proc.send_signal(signal.SIGCONT)
             w.proc.kill()
 
 
