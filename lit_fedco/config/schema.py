@@ -231,7 +231,7 @@ def value_checks() -> dict[str, Any]:
     from lit_fedco.core.models import MODEL_BUFFERS, MODELS
     from lit_fedco.data import names
     from lit_fedco.engine.executors import AUTO, EXECUTORS
-    from lit_fedco.engine.schedule import ACCELERATORS, DTYPES
+    from lit_fedco.engine.schedule import ACCELERATORS, DTYPES, STRATEGIES, STRATEGY_NOTE
 
     sources = (*names.BUILTIN_SOURCES, *names.OTHER_SOURCES)
     partitions = (*names.PARTITIONS, "classes")  # classes: the few-shot split's own
@@ -258,6 +258,7 @@ def value_checks() -> dict[str, Any]:
         "dtype": one_of(sorted(DTYPES), f"one of {sorted(DTYPES)}", "float32"),
         "model.buffers": one_of(MODEL_BUFFERS, f"one of {MODEL_BUFFERS}", "local"),
         "accelerator": one_of(ACCELERATORS, f"one of {ACCELERATORS}", "cpu"),
+        "strategy": one_of(STRATEGIES, f"one of {STRATEGIES}{STRATEGY_NOTE}", "auto"),
     }
     for key in ("rounds", "local_steps", "batch_size", "eval_every"):
         checks[key] = at_least(1, "an int >= 1", "5")  # the loop's own (LoopConfig.validate)
@@ -266,6 +267,7 @@ def value_checks() -> dict[str, Any]:
     checks["data.num_clients"] = at_least(1, "an int >= 1", "10")
     checks["checkpoint_every"] = at_least(0, "an int >= 0 (0: only at the end)", "10")
     checks["checkpoint_keep"] = at_least(1, "an int >= 1", "3")
+    checks["chunk_size"] = at_least(0, "an int >= 0 (0: no chunks)", "256")
     checks["seed"] = at_least(0, "an int >= 0 (numpy's seeds)", "0")
     return checks
 

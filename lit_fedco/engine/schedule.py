@@ -15,6 +15,12 @@ DTYPES = {"float32": torch.float32, "float64": torch.float64}
 """``dtype``: the run's parameter and data types."""
 ACCELERATORS = ("cpu", "cuda", "gpu", "mps", "auto")
 """``accelerator``: what Lightning Fabric is asked for."""
+STRATEGIES = ("auto", "ddp")
+"""The strategies the loop runs on: it shards clients over processes itself and never wraps the
+model, so only plain processes with a process group (``ddp``; ``auto``: ``ddp`` for more than
+one process) make sense."""
+STRATEGY_NOTE = " (the loop shards the clients over processes itself; the model is never wrapped)"
+"""Why ``strategy`` takes no other value, as its refusal says it."""
 
 
 @dataclass(frozen=True)

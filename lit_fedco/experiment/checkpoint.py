@@ -176,8 +176,9 @@ def read_regular(path: Path, key: str, limit: int = MAX_BYTES) -> bytes:
             "bytes; give a .ckpt file written by a lit_fedco run",
             key=key,
         )
-    with open(path, "rb") as f:
-        return f.read()
+    with open(path, "rb") as f:  # a file that is no checkpoint is not read past its start
+        head = f.read(len(MAGIC))
+        return head + f.read() if head == MAGIC else head
 
 
 def check_state(loop: Any, path: Path, key: str = "resume") -> None:

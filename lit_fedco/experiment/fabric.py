@@ -14,7 +14,7 @@ from lightning.fabric import Fabric
 from omegaconf import DictConfig
 
 from lit_fedco.core.errors import ConfigError
-from lit_fedco.engine.schedule import ACCELERATORS
+from lit_fedco.engine.schedule import ACCELERATORS, STRATEGIES, STRATEGY_NOTE
 from lit_fedco.experiment.rundir import RUN_DIR_ENV
 from lit_fedco.process.launch_env import (
     check_launch_env,
@@ -22,11 +22,6 @@ from lit_fedco.process.launch_env import (
     lost_peer_line,
     rendezvous_timeout,
 )
-
-STRATEGIES = ("auto", "ddp")
-"""The strategies the loop runs on: it shards clients over processes itself and never wraps the
-model, so only plain processes with a process group (``ddp``; ``auto``: ``ddp`` for more than
-one process) make sense."""
 
 
 def fabric_settings(cfg: DictConfig) -> dict[str, Any]:
@@ -82,9 +77,8 @@ def check_fabric(cfg: DictConfig) -> None:
         raise ConfigError.bad_value("accelerator", acc, f"one of {ACCELERATORS}", "cpu")
     if cfg.strategy not in STRATEGIES:
         raise ConfigError.bad_value(
-            "strategy", cfg.strategy, f"one of {STRATEGIES} (the loop shards the clients over "
-            "processes itself; the model is never wrapped)", "auto",
-        )  # fmt: skip
+            "strategy", cfg.strategy, f"one of {STRATEGIES}{STRATEGY_NOTE}", "auto"
+        )
     cuda, mps = torch.cuda.is_available(), torch.backends.mps.is_available()
     kind = "cuda" if cuda and acc in ("cuda", "gpu", "auto") else "cpu"
     kind = "mps" if mps and kind == "cpu" and acc in ("mps", "gpu", "auto") else kind

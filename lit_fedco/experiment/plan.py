@@ -89,6 +89,8 @@ def plan_run(spec: RunSpec) -> Plan:
     check_writable(out_dir, recipe)
     plan = Plan()
     if not cfg.resume and cfg.sub_run < 0:
+        if cfg.run_name:  # a link there would put the run elsewhere (a file: not a folder)
+            check_entries(out_dir / recipe / cfg.run_name, [])
         if cfg.run_name and holds_run(out_dir / recipe / cfg.run_name):
             raise ConfigError(
                 f"run_name: got {cfg.run_name!r}, but {out_dir / recipe / cfg.run_name} already "

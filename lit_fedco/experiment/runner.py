@@ -106,7 +106,7 @@ def run_recipe(
         if role.pool:  # 5
             run_pool(spec, cmd, plan, run_dir)
             plan = _finished(run_dir, spec)
-        return _execute(_Run(spec, plan, run_dir, columns, evaluated_on), callbacks, role)  # 6
+        return _execute(_Run(spec, plan, run_dir, columns, evaluated_on), callbacks)  # 6
     finally:
         for lock in held:
             lock.release()
@@ -222,26 +222,23 @@ class _Run:
         return f"resume=auto run_name={self.run_dir.name} out_dir={self.spec.cfg.out_dir}"
 
 
-def _execute(run: _Run, callbacks: list[Any] | None, role: Role) -> list[Any]:
+def _execute(run: _Run, callbacks: list[Any] | None) -> list[Any]:
     """This process's sub-runs on Fabric, then (a whole run) the table and the results."""
     os.environ.setdefault("WANDB_SILENT", "true")
     keep_freed_memory()  # a round's large temporaries reuse warm heap pages (cpu_memory.py)
     os.environ[RUN_DIR_ENV] = str(run.run_dir)
     os.environ.setdefault(RUN_OWNER_ENV, str(os.getpid()))  # the processes Fabric starts: ours
-    try:
+    try:  # they copy the environment as they start; no other process gets it (issue 33.8)
         fabric = make_fabric(run.spec.cfg, callbacks)
-        torch.set_num_threads(
-            process_threads(run.spec.cfg)
-        )  # recorded in each sub-run's status.json
-        if run.spec.cfg.shard_data:  # each process keeps the rows of the clients it owns
-            run.spec.built.shard(fabric.global_rank, fabric.world_size)
-        rows = _run(run, fabric)
-        _shut_down(fabric)
-        return rows
-    finally:
-        if not role.given:
-            os.environ.pop(RUN_DIR_ENV, None)
-            os.environ.pop(RUN_OWNER_ENV, None)
+    finally:  # a recipe an updater or a plugin starts is a run of its own, not part of this one
+        os.environ.pop(RUN_DIR_ENV, None)
+        os.environ.pop(RUN_OWNER_ENV, None)
+    torch.set_num_threads(process_threads(run.spec.cfg))  # recorded in each sub-run's status
+    if run.spec.cfg.shard_data:  # each process keeps the rows of the clients it owns
+        run.spec.built.shard(fabric.global_rank, fabric.world_size)
+    rows = _run(run, fabric)
+    _shut_down(fabric)
+    return rows
 
 
 def process_threads(cfg: DictConfig) -> int:
