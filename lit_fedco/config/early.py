@@ -1,9 +1,11 @@
 """The checks the command line makes before torch is imported (:func:`check_values`): each
-value the catalog can check, the repeated updaters and seeds, then each entry of ``variants`` as
-far as its items alone tell."""
+value the catalog can check, the ranges that depend on another key or on this machine
+(``cohort`` against ``data.num_clients``, ``threads`` and ``jobs`` against the CPU cores), the
+repeated updaters and seeds, then each entry of ``variants`` as far as its items alone tell."""
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from omegaconf import DictConfig
@@ -11,6 +13,8 @@ from omegaconf import DictConfig
 from lit_fedco.config import catalog
 from lit_fedco.config.values import check_one, check_repeats, value_at
 from lit_fedco.config.variants import screen_variants
+from lit_fedco.core.errors import ConfigError
+from lit_fedco.process.workers import per_core_limit
 
 
 def check_values(cfg: DictConfig, cat: dict[str, Any] | None = None) -> None:
@@ -26,6 +30,32 @@ def check_values(cfg: DictConfig, cat: dict[str, Any] | None = None) -> None:
         value = value_at(cfg, key)
         if value is not None:
             check_one(key, value, check)
+    check_ranges(cfg)
     check_repeats(cfg)
     if "variants" in cfg:
         screen_variants(cfg, checks)  # each variant's items, before each is built
+
+
+def check_ranges(cfg: DictConfig) -> None:
+    """``cohort`` in [1, K] (K = ``data.num_clients``, the clients every data set is split
+    into), ``threads`` in [0, 4 per core] and ``jobs`` in [1, 4 per core], worded as the full
+    checks word them (the loop's schedule, the run's checks).
+
+    Raises:
+        ConfigError: naming the key.
+    """
+    k, cohort = value_at(cfg, "data.num_clients"), value_at(cfg, "cohort")
+    if isinstance(k, int) and isinstance(cohort, int) and k >= 1 and not 1 <= cohort <= k:
+        raise ConfigError.bad_value(
+            "cohort", cohort, f"an int in [1, {k}] (K = {k}; with another data.num_clients, set "
+            "cohort too)", str(k),
+        )  # fmt: skip
+    most = per_core_limit()
+    threads, jobs = value_at(cfg, "threads"), value_at(cfg, "jobs")
+    if isinstance(threads, int) and not 0 <= threads <= most:
+        raise ConfigError.bad_value(
+            "threads", threads, f"an int in [0, {most}] (0: the cores shared out; at most 4 per "
+            f"CPU core, {os.cpu_count()} here)", "1",
+        )  # fmt: skip
+    if isinstance(jobs, int) and not 1 <= jobs <= most:
+        raise ConfigError.bad_value("jobs", jobs, f"an int in [1, {most}]", "2")

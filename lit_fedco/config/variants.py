@@ -19,6 +19,7 @@ from __future__ import annotations
 import copy
 import json
 import re
+import warnings
 from types import SimpleNamespace
 from typing import Any
 
@@ -77,12 +78,14 @@ class _Items:
         """Each value set in the scratch schema (its type checked there); where that fails,
         ``layer`` merged into a fresh schema for the full check's message."""
         try:
-            for key, value in flat.items():
-                *path, last = key.split(".")
-                node: Any = self.scratch
-                for part in path:
-                    node = node[part]
-                node[last] = value
+            with warnings.catch_warnings():  # an int for a float: converted, as merge does
+                warnings.simplefilter("ignore", FutureWarning)
+                for key, value in flat.items():
+                    *path, last = key.split(".")
+                    node: Any = self.scratch
+                    for part in path:
+                        node = node[part]
+                    node[last] = value
         except (OmegaConfBaseException, TypeError, ValueError, KeyError):
             self.scratch = copy.deepcopy(self.typed)
             merge(self.typed, [(source, layer)])  # raises the full check's ConfigError

@@ -42,11 +42,6 @@ def enabled(cfg: DictConfig) -> bool:
     return int(cfg.pretrain.rounds) > 0
 
 
-def folder_name(index: int, variant: str, seed: int) -> str:
-    """The pre-training's sub-run folder, named like the methods' (``pretrain-seed0``)."""
-    return f"pretrain-seed{seed}" if not variant else f"v{index}-pretrain-seed{seed}"
-
-
 def pretrain_config(cfg: DictConfig) -> DictConfig:
     """The run config of the pre-training: its updater alone, ``pretrain.rounds`` rounds, its
     step size ``pretrain.lr``; everything else (data, model, problem, schedule) the run's."""

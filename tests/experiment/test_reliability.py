@@ -168,6 +168,12 @@ SOURCES_RE = r"\('digits', .*'digits_st', 'cifar10_st', 'cifar100_st', .*'adult'
         (["dtype=float16"], r"dtype: got 'float16', expected one of \['float32', 'float64'\]"),
         (["checkpoint_keep=0"], r"checkpoint_keep: got 0, expected an int >= 1; set e\.g\. "
          r"checkpoint_keep=3$"),
+        (["cohort=0"], r"cohort: got 0, expected an int in \[1, 10\] \(K = 10; with another "
+         r"data\.num_clients, set cohort too\); set e\.g\. cohort=10$"),
+        (["data.num_clients=5"], r"cohort: got 10, expected an int in \[1, 5\] \(K = 5;"),
+        (["threads=-1"], r"threads: got -1, expected an int in \[0, \d+\] \(0: the cores shared "
+         r"out; at most 4 per CPU core, \d+ here\); set e\.g\. threads=1$"),
+        (["jobs=0"], r"jobs: got 0, expected an int in \[1, \d+\]; set e\.g\. jobs=2$"),
     ],
 )  # fmt: skip
 def test_enumerations_and_ranges_are_refused_before_torch_is_imported(argv, line, tmp_path):
