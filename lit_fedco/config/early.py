@@ -38,8 +38,8 @@ def check_values(cfg: DictConfig, cat: dict[str, Any] | None = None) -> None:
 
 def check_ranges(cfg: DictConfig) -> None:
     """``cohort`` in [1, K] (K = ``data.num_clients``, the clients every data set is split
-    into), ``threads`` in [0, 4 per core] and ``jobs`` in [1, 4 per core], worded as the full
-    checks word them (the loop's schedule, the run's checks).
+    into), ``threads`` in [0, 4 per core], ``jobs`` in [1, 4 per core], ``failures.drop`` and
+    ``failures.partial`` in [0, 1], worded as the full checks word them.
 
     Raises:
         ConfigError: naming the key.
@@ -59,3 +59,12 @@ def check_ranges(cfg: DictConfig) -> None:
         )  # fmt: skip
     if isinstance(jobs, int) and not 1 <= jobs <= most:
         raise ConfigError.bad_value("jobs", jobs, f"an int in [1, {most}]", "2")
+    for key in ("failures.drop", "failures.partial"):  # engine.failures.Failures' range
+        value = value_at(cfg, key)
+        if isinstance(value, float | int) and not 0 <= value <= 1:
+            raise ConfigError.bad_value(key, value, "a float in [0, 1]", "0.1")
+    if value_at(cfg, "failures.drop") == 1:  # the run's own check (experiment.checks)
+        raise ConfigError.bad_value(
+            "failures.drop", 1.0, "a float in [0, 1) (at 1 every client drops out of every "
+            "round and nothing is trained)", "0.2",
+        )  # fmt: skip

@@ -174,6 +174,9 @@ SOURCES_RE = r"\('digits', .*'digits_st', 'cifar10_st', 'cifar100_st', .*'adult'
         (["threads=-1"], r"threads: got -1, expected an int in \[0, \d+\] \(0: the cores shared "
          r"out; at most 4 per CPU core, \d+ here\); set e\.g\. threads=1$"),
         (["jobs=0"], r"jobs: got 0, expected an int in \[1, \d+\]; set e\.g\. jobs=2$"),
+        (["failures.drop=1.5"], r"failures\.drop: got 1\.5, expected a float in \[0, 1\]; set "
+         r"e\.g\. failures\.drop=0\.1$"),
+        (["failures.partial=-0.5"], r"failures\.partial: got -0\.5, expected a float in \[0, 1\]"),
     ],
 )  # fmt: skip
 def test_enumerations_and_ranges_are_refused_before_torch_is_imported(argv, line, tmp_path):
