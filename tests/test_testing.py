@@ -8,6 +8,7 @@ import os
 import re
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -69,7 +70,7 @@ def _block(marker: str) -> str:
 
 
 @pytest.fixture
-def outside(tmp_path, monkeypatch) -> Path:
+def outside(tmp_path, monkeypatch) -> Iterator[Path]:
     """A folder outside the repository holding the tutorial's ``my_scaffold.py`` and the
     broken updaters, importable (on ``sys.path``) like a user's own modules."""
     (tmp_path / "my_scaffold.py").write_text(_block("my_scaffold.py"))
@@ -77,7 +78,12 @@ def outside(tmp_path, monkeypatch) -> Path:
     monkeypatch.syspath_prepend(str(tmp_path))
     for name in ("my_scaffold", "broken_methods"):
         sys.modules.pop(name, None)
-    return tmp_path
+    from lit_fedco.updaters import base
+
+    registered = dict(base._REGISTRY)
+    yield tmp_path
+    base._REGISTRY.clear()  # the user's updaters leave with their test, not the process
+    base._REGISTRY.update(registered)
 
 
 @pytest.mark.slow

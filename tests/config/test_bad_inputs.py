@@ -144,7 +144,7 @@ CASES = [
     case("auprc-client-without-positives", ["data.drop_positive=0.99"], r"auprc: client 0 holds no positive sample; use fewer clients", recipe="fcsg_auprc"),
     case("shard-data-not-bool", ["shard_data=maybe"], r"shard_data: got 'maybe' .*true or false"),
     case("imbalance-ratio", ["data.imbalance_ratio=0.5"], r"data\.imbalance_ratio: got 0\.5, expected a float >= 1", recipe="ds_feddro"),
-    case("classes-without-client", ["data.classes_per_client=1", "data.num_clients=3"], r"data\.classes_per_client: got 1, expected at least 10, so that each of the 28 classes has a client", recipe="fcsg_maml"),
+    case("classes-without-client", ["data.classes_per_client=1", "data.num_clients=3", "cohort=3"], r"data\.classes_per_client: got 1, expected at least 10, so that each of the 28 classes has a client", recipe="fcsg_maml"),
     case("more-clients-than-classes", ["data.classes_per_client=0", "data.num_clients=40", "cohort=4"], r"data\.classes_per_client: got 0, expected an int >= 1: the 28 training classes cannot be shared out disjointly over 40 clients", recipe="fcsg_maml"),
     case("rotations-5", ["data.rotations=5"], r"data\.rotations: got 5, expected 1, 2, 3 or 4", recipe="fcsg_maml"),
     # --- run folders

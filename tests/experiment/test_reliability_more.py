@@ -191,6 +191,10 @@ def test_figures_under_a_memory_limit_never_fail_a_complete_run(tmp_path):
     assert len(said) <= 1 and all("lit_fedco: figures not made: " in s for s in said), said
 
 
+def _sigint_default() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _stopped_child(pid: int) -> int | None:
     """A child of ``pid`` that is stopped (``T`` in ``/proc``)."""
     for entry in Path("/proc").iterdir():
@@ -208,8 +212,10 @@ def _stopped_child(pid: int) -> int | None:
 def test_ctrl_c_while_figures_are_drawn_is_one_line(signum, tmp_path):
     args = [*RECIPE, *QUICK, f"out_dir={tmp_path}", "run_name=c"]
     env = _env(LIT_FEDCO_KILL_AT="figures:1:SIGSTOP")  # the drawing child holds still there
+    # SIGINT as in a terminal: a shell's background job (CI's own, say) inherits it ignored
     proc = subprocess.Popen(args, cwd=REPO, env=env, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)  # fmt: skip
+                            stderr=subprocess.PIPE, text=True, start_new_session=True,
+                            preexec_fn=_sigint_default)  # fmt: skip
     try:
         deadline = time.monotonic() + 240
         while _stopped_child(proc.pid) is None and proc.poll() is None:
