@@ -1,5 +1,6 @@
-"""A researcher's own model, ``model.name=MODULE:NAME``: its class or factory, its ``Params``
-(the ``model.*`` keys), and its build under the run's seed."""
+"""The run's ``model`` config node (:class:`ModelConfig`) and a researcher's own model,
+``model.name=MODULE:NAME``: its class or factory, its ``Params`` (further ``model.*`` keys), and
+its build under the run's seed."""
 
 from __future__ import annotations
 
@@ -76,9 +77,32 @@ def model_factory(ref: str) -> tuple[Callable[..., nn.Module], type | None]:
     return obj, None
 
 
+@dataclasses.dataclass
+class ModelConfig:
+    """The network (``lit_fedco.core.models``).
+
+    Attributes:
+        name: ``logreg`` (multinomial logistic regression), ``mlp`` (tanh, ``hidden``),
+            ``resnet20``, ``linear`` (a score without bias), ``cnn`` (a small CNN, ``hidden``
+            units), ``conv4`` (MAML's four-layer CNN, ``hidden`` filters), ``char_lstm`` (a
+            two-layer LSTM of ``hidden`` units over token ids, for ``data.name=text``), or
+            your own ``MODULE:NAME``: an ``nn.Module`` class or factory built as
+            ``NAME(input_shape, num_classes[, seed][, params])``, whose ``Params`` dataclass
+            fields are further ``model.*`` keys.
+        hidden: hidden units (``mlp``, ``cnn``, ``char_lstm``) or filters (``conv4``).
+        buffers: batch norms' running statistics: ``average`` (averaged over the clients like
+            the parameters, the FedAvg convention) or ``local`` (each client keeps its own
+            across rounds and is evaluated with them: FedBN, Li et al. 2021).
+    """
+
+    name: str = "logreg"
+    hidden: int = 64
+    buffers: str = "average"
+
+
 MODEL_BUFFERS = ("average", "local")
 """``model.buffers``: running statistics averaged like the parameters, or kept per client."""
-MODEL_KEYS = ("name", "hidden", "buffers")
+MODEL_KEYS = tuple(f.name for f in dataclasses.fields(ModelConfig))
 """lit_fedco's own ``model.*`` keys, which a researcher's ``Params`` may not reuse."""
 
 

@@ -4,7 +4,8 @@ Layers, each importing only those above it in this list (``tests/test_imports.py
 them free of cycles):
 
 - ``names`` — the names ``data.name`` / ``data.partition`` / ``data.val_mode`` accept, plain
-  tuples (no numpy, no torch), for checks before anything heavy is imported;
+  tuples (no numpy, no torch), for checks before anything heavy is imported; ``config`` — the
+  run's ``data`` config node, :class:`DataConfig`, where every ``data.*`` key is described;
 - ``sources``, ``cifar``, ``omniglot``, ``adult`` — readers of the built-in data sets;
   ``pools``, ``readers``, ``user`` — readers of one's own files (``npz``, ``imagefolder``,
   ``hf_disk``, ``text``) and data functions (``data.name=MODULE:FUNCTION``);
@@ -27,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from lit_fedco.data.build import make_federated
+    from lit_fedco.data.config import DataConfig
     from lit_fedco.data.container import (
         FederatedData,
         build_federated,
@@ -53,6 +55,7 @@ if TYPE_CHECKING:
 
 _LAZY = {
     "make_federated": "lit_fedco.data.build",
+    "DataConfig": "lit_fedco.data.config",
     "FederatedData": "lit_fedco.data.container",
     "build_federated": "lit_fedco.data.container",
     "format_partition_stats": "lit_fedco.data.container",
@@ -78,6 +81,7 @@ _LAZY = {
 
 __all__ = [
     "BatchSampler",
+    "DataConfig",
     "FederatedData",
     "PositiveSampler",
     "TaskSampler",

@@ -1,11 +1,12 @@
 """Typed, validated data specs: one frozen dataclass per builder, holding the keys it reads.
 
-The run's ``data`` config node (:class:`lit_fedco.config.load.DataConfig`) holds the keys of every
-data set; each builder reads only some of them. A spec names exactly those, so a builder
-cannot read a key it does not declare, a missing key fails when the spec is made (not halfway
-through building), and every range check runs before any file is read — the first error a
-user sees is the one-line :class:`~lit_fedco.core.errors.ConfigError`, not a traceback from deep
-inside a reader.
+The run's ``data`` config node (:class:`lit_fedco.data.config.DataConfig`) holds and describes
+the keys of every data set; each builder reads only some of them. A spec names exactly those, so
+a builder cannot read a key it does not declare, a missing key fails when the spec is made (not
+halfway through building), and every range check runs before any file is read — the first error
+a user sees is the one-line :class:`~lit_fedco.core.errors.ConfigError`, not a traceback from
+deep inside a reader. A spec's field is the ``data.*`` key of its name; its docstring documents
+only what ``DataConfig`` does not say (the seed's use, a narrower range, the paper's values).
 
 :meth:`DataSpecBase.of` converts any object with the attributes (``DataConfig`` plus ``seed``,
 a ``SimpleNamespace``) into a spec, so callers keep passing what they have always passed.
@@ -87,36 +88,13 @@ class PartitionedSpec(DataSpecBase):
     reader of one's own files (``npz``, ``imagefolder``, ``hf_disk``, ``text``;
     :mod:`lit_fedco.data.readers`) or a data function of one's own (``module:function``;
     :mod:`lit_fedco.data.user`), split over the clients by a partitioner
-    (:mod:`lit_fedco.data.partition`).
+    (:mod:`lit_fedco.data.partition`). Its other fields: the ``data.*`` keys of their names
+    (:class:`~lit_fedco.data.config.DataConfig`).
 
     Attributes:
-        name: the source (:func:`lit_fedco.data.sources.load_source`), a reader or a function.
-        data_dir: the folder (or file) the source's files are read from (unused by ``digits``).
-        partition: ``quantity``, ``iid``, ``dirichlet``, ``dominant_class``, ``shards``,
-            ``size_skew`` or ``natural``.
-        num_clients: K.
-        big: training samples of the big client (``quantity``).
-        small: training samples of each small client (``quantity``).
-        small_classes: classes each small client draws from (``quantity``; 0: all).
-        alpha: the Dirichlet concentration α (``dirichlet``).
-        rho: the dominant class's share ρ (``dominant_class``).
-        val_per_client: validation samples per client (``val_mode=client``).
         seed: the run's seed; the partition's generator is named (seed, 12345).
-        val_mode: ``client`` (each client's class proportions), ``all`` (the whole held-out
-            set, split evenly) or ``own`` (each natural client's own held-out rows).
-        binary: relabel classes [0, C/2) as 0 and [C/2, C) as 1 (FCSG §5.3).
-        drop_positive: fraction of training positives removed when ``binary`` (FCSG: 0.8).
-        shards_per_client: k of ``partition=shards``.
-        size_sigma: σ of the log-normal client sizes of ``partition=size_skew``.
-        image_size: the side images are resized to (``imagefolder``, ``hf_disk``); 0: as read.
-        seq_len: characters per sample of ``text``.
-        seq_stride: characters between the starts of consecutive ``text`` samples.
-        feature_column / label_column / group_column: the columns ``hf_disk`` reads (an empty
-            group column: none).
         params: a data function's parameters (its ``Params`` dataclass, built from the
             ``data.<field>`` keys), None for every other source.
-        heldout: ``test`` (validation rows from the source's test split) or ``train`` (from a
-            seeded slice of its training split, which then trains on the rest).
     """
 
     name: str
@@ -175,18 +153,13 @@ class PartitionedSpec(DataSpecBase):
 
 @dataclass(frozen=True)
 class StepImbalancedSpec(DataSpecBase):
-    """A step-imbalanced source (``digits_st``, ``cifar10_st``, ``cifar100_st``; FedDRO §6).
+    """A step-imbalanced source (``digits_st``, ``cifar10_st``, ``cifar100_st``; FedDRO §6). Its
+    other fields: the ``data.*`` keys of their names (:class:`~lit_fedco.data.config.DataConfig`).
 
     Attributes:
         name: one of :data:`ST_SOURCES`.
-        data_dir: the CIFAR folder (unused by ``digits_st``).
         partition: ``iid`` (the paper's equal split) or ``dirichlet``.
-        num_clients: K.
-        alpha: the Dirichlet concentration α (``dirichlet``).
-        val_per_client: class-balanced validation samples per client.
         seed: the run's seed; the imbalance and the split are drawn from (seed, 12345).
-        imbalance_ratio: ρ >= 1; the minority classes keep 1/ρ of their samples.
-        heldout: ``test`` or ``train`` (:class:`PartitionedSpec`).
     """
 
     name: str
@@ -224,13 +197,11 @@ class StepImbalancedSpec(DataSpecBase):
 
 @dataclass(frozen=True)
 class InvariantLogRegSpec(DataSpecBase):
-    """The synthetic invariant logistic regression data (``invariant_logreg``, FCSG §5.1).
+    """The synthetic invariant logistic regression data (``invariant_logreg``, FCSG §5.1). Its
+    other fields: the ``data.*`` keys of their names (:class:`~lit_fedco.data.config.DataConfig`).
 
     Attributes:
         num_clients: K (the paper: 16).
-        dim: d, features of a (the paper: 10).
-        sigma1: σ₁ of a ~ N(0, σ₁² I_d).
-        train_per_client: outer samples ξ = (a, b) per client.
         val_per_client: test samples per client (the paper: 16 · 3125 = 50000 in all).
         seed: the run's seed; x* and every sample are drawn from (seed, 0x1A7).
     """
@@ -253,15 +224,12 @@ class InvariantLogRegSpec(DataSpecBase):
 
 @dataclass(frozen=True)
 class TaskSpec(DataSpecBase):
-    """Few-shot task data (``partition=classes`` on ``digits`` or ``omniglot``, FCSG §5.2).
+    """Few-shot task data (``partition=classes`` on ``digits`` or ``omniglot``, FCSG §5.2). Its
+    other fields: the ``data.*`` keys of their names (:class:`~lit_fedco.data.config.DataConfig`).
 
     Attributes:
         name: one of :data:`TASK_SOURCES`.
         data_dir: the Omniglot folder (unused by ``digits``).
-        num_clients: K.
-        rotations: copies rotated by multiples of 90° that count as classes of their own.
-        classes_per_client: classes each client holds (0: a disjoint share of them all).
-        heldout_classes: base digits held out for evaluation (``digits`` only).
         seed: the run's seed; classes are dealt by a generator named (seed, 12345).
     """
 
@@ -289,17 +257,14 @@ class TaskSpec(DataSpecBase):
 
 @dataclass(frozen=True)
 class AdultSpec(DataSpecBase):
-    """UCI Adult (``adult``; FedDRO §6, fairness), read by :mod:`lit_fedco.data.adult`.
+    """UCI Adult (``adult``; FedDRO §6, fairness), read by :mod:`lit_fedco.data.adult`. Its
+    other fields: the ``data.*`` keys of their names (:class:`~lit_fedco.data.config.DataConfig`).
 
     Attributes:
-        data_dir: the folder holding ``adult.data[.gz]`` and ``adult.test[.gz]``; empty: the
-            copy shipped with lit_fedco.
-        partition: ``iid`` (the paper's equal split) or ``dirichlet`` (label skew, ``alpha``).
+        partition: ``iid`` (the paper's equal split) or ``dirichlet``.
         num_clients: K (the paper: 8).
-        alpha: the Dirichlet concentration α (``dirichlet``).
         seed: the run's seed; the split is drawn from (seed, 12345).
-        protected: the protected attribute carried as the targets' second column, ``sex``
-            (2 groups) or ``race`` (5 groups).
+        protected: its group id is the targets' second column.
     """
 
     data_dir: str

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import dataclasses
 
-from lit_fedco.config.fields import DataConfig, RunConfig
+from lit_fedco.config.fields import RunConfig
 from lit_fedco.config.schema import SCHEMA_FILE, WRITE_COMMAND, attributes, build, dumps, field_docs
+from lit_fedco.core.user_models import ModelConfig
+from lit_fedco.data.config import DataConfig
 from lit_fedco.updaters import DSFedDROHparams, FedAvgCOHparams
 
 
@@ -44,7 +46,12 @@ def test_every_field_is_described_and_subclasses_override_their_bases():
     assert docs["beta"].startswith("β ∈ (0, 1], the moving-average weight")  # its own
     assert field_docs(FedAvgCOHparams)["case"].startswith('"I"')
     catalog = build()
-    for cls, node in [(RunConfig, catalog["run"]), (DataConfig, catalog["nodes"]["data"])]:
+    nodes = catalog["nodes"]
+    for cls, node in [
+        (RunConfig, catalog["run"]),
+        (DataConfig, nodes["data"]),
+        (ModelConfig, nodes["model"]),
+    ]:
         leaves = [f.name for f in dataclasses.fields(cls) if f.name in node["keys"]]
         assert all(node["keys"][k]["help"] for k in leaves)
     for name, node in catalog["nodes"].items():

@@ -10,10 +10,11 @@ from types import SimpleNamespace
 
 import pytest
 
-from lit_fedco.config.fields import DataConfig
 from lit_fedco.core.errors import ConfigError
 from lit_fedco.data import data_spec, make_federated
+from lit_fedco.data.config import DataConfig
 from lit_fedco.data.specs import (
+    AdultSpec,
     InvariantLogRegSpec,
     PartitionedSpec,
     StepImbalancedSpec,
@@ -47,6 +48,22 @@ def test_every_recipe_default_becomes_its_builders_spec(recipe, cls):
             continue
         want = defaults.get("data", {}).get(f.name, getattr(DataConfig(), f.name, 0))
         assert getattr(spec, f.name) == want, f.name
+
+
+@pytest.mark.parametrize(
+    "cls", [PartitionedSpec, StepImbalancedSpec, InvariantLogRegSpec, TaskSpec, AdultSpec]
+)
+def test_a_specs_fields_are_the_data_keys_that_data_config_describes(cls):
+    """A spec's docstring leaves its keys to DataConfig's: each field but the seed (and a data
+    function's params) is a data.* key, with DataConfig's default where the spec has one."""
+    keys = {f.name: f.default for f in dataclasses.fields(DataConfig)}
+    for f in dataclasses.fields(cls):
+        if f.name in ("seed", "params"):
+            assert f"{f.name}:" in (cls.__doc__ or ""), f"{cls.__name__}.{f.name}"
+            continue
+        assert f.name in keys, f"{cls.__name__}.{f.name} is no DataConfig key"
+        if f.default is not dataclasses.MISSING:
+            assert f.default == keys[f.name], f"{cls.__name__}.{f.name}"
 
 
 def test_of_reads_only_its_keys_and_fills_optional_ones():
