@@ -30,8 +30,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from lit_fedco.core.errors import ConfigError
 from lit_fedco.core.protocol import RoundInfo
+from lit_fedco.core.ranges import check_fraction
 from lit_fedco.core.seeding import failure_generator
 
 
@@ -51,9 +51,7 @@ class Failures:
 
     def __post_init__(self) -> None:
         for key in ("drop", "partial"):
-            value = getattr(self, key)
-            if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value <= 1:
-                raise ConfigError.bad_value(f"failures.{key}", value, "a float in [0, 1]", "0.1")
+            check_fraction(f"failures.{key}", getattr(self, key))
 
     @property
     def enabled(self) -> bool:

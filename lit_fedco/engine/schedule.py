@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 import torch
 
 from lit_fedco.core.errors import ConfigError
+from lit_fedco.core.ranges import check_cohort
 from lit_fedco.core.server_opt import ServerOptConfig
 from lit_fedco.engine.failures import Failures
 
@@ -55,11 +56,7 @@ class LoopConfig:
     def validate(self, num_clients: int, world_size: int = 1) -> None:
         """Range checks against K clients and the number of processes."""
         k = num_clients
-        if not 1 <= self.cohort <= k:
-            raise ConfigError.bad_value(
-                "cohort", self.cohort, f"an int in [1, {k}] (K = {k}; with another "
-                "data.num_clients, set cohort too)", str(k),
-            )  # fmt: skip
+        check_cohort(self.cohort, k)
         if self.cohort < world_size:
             raise ConfigError.bad_value(
                 "cohort", self.cohort, f"at least the number of processes ({world_size})", str(k)

@@ -3,21 +3,19 @@ or file is written: the settings one by one, then what only building the run sho
 
 from __future__ import annotations
 
-import os
-
 from omegaconf import DictConfig
 
 from lit_fedco.config.load import node_params
 from lit_fedco.config.values import check_repeats
 from lit_fedco.core.errors import ConfigError
 from lit_fedco.core.models import MODEL_BUFFERS, draws_randomly, running_stats
+from lit_fedco.core.ranges import check_drop, check_threads
 from lit_fedco.engine.executors import make_executor
 from lit_fedco.engine.schedule import DTYPES
 from lit_fedco.experiment.assemble import Assembly, loop_config, run_executor
 from lit_fedco.experiment.fabric import check_fabric
 from lit_fedco.experiment.pretrain import check as check_pretrain
 from lit_fedco.experiment.pretrain import check_shapes, enabled, load_params, pretrain_config
-from lit_fedco.process.workers import per_core_limit
 from lit_fedco.report.tracking import check_tracking, check_wandb_server
 from lit_fedco.updaters.base import CompositionalUpdater, available_updaters, get_updater
 
@@ -119,11 +117,7 @@ def check_settings(cfg: DictConfig) -> None:
         raise ConfigError.bad_value(
             "model.buffers", cfg.model.buffers, f"one of {MODEL_BUFFERS}", "local"
         )
-    if cfg.failures.drop == 1:
-        raise ConfigError.bad_value(
-            "failures.drop", cfg.failures.drop, "a float in [0, 1) (at 1 every client drops out "
-            "of every round and nothing is trained)", "0.2",
-        )  # fmt: skip
+    check_drop(cfg.failures.drop)
     if "wandb" in check_tracking(list(cfg.tracking), cfg.project):
         check_wandb_server()  # online: the server answers, or offline with a warning
     check_repeats(cfg)
@@ -176,12 +170,7 @@ def check_outputs(cfg: DictConfig) -> None:
         )
     if cfg.checkpoint_keep < 1:
         raise ConfigError.bad_value("checkpoint_keep", cfg.checkpoint_keep, "an int >= 1", "3")
-    most = per_core_limit()
-    if not 0 <= cfg.threads <= most:
-        raise ConfigError.bad_value(
-            "threads", cfg.threads, f"an int in [0, {most}] (0: the cores shared out; at most 4 "
-            f"per CPU core, {os.cpu_count()} here)", "1",
-        )  # fmt: skip
+    check_threads(cfg.threads)
 
 
 def check_data_settings(cfg: DictConfig) -> None:

@@ -12,12 +12,13 @@ from pathlib import Path
 from omegaconf import DictConfig
 
 from lit_fedco.config.parser import CommandLine
+from lit_fedco.core import ranges
 from lit_fedco.core.errors import ConfigError
 from lit_fedco.experiment.plan import Plan, RunSpec
 from lit_fedco.experiment.records import record_start
-from lit_fedco.experiment.session import requested_signal, stop_on_signals
 from lit_fedco.experiment.subruns import sub_runs
-from lit_fedco.process.workers import Task, per_core_limit, program_script, run_tasks, usable_cores
+from lit_fedco.process.stops import requested_signal, stop_on_signals
+from lit_fedco.process.workers import Task, program_script, run_tasks, usable_cores
 from lit_fedco.report.tracking import share_wandb_service
 
 DROPPED = ("jobs", "sub_run", "resume", "run_name", "out_dir", "progress", "threads")
@@ -31,9 +32,7 @@ def check_jobs(cfg: DictConfig, count: int) -> None:
     Raises:
         ConfigError: naming the key.
     """
-    most = per_core_limit()
-    if not 1 <= cfg.jobs <= most:
-        raise ConfigError.bad_value("jobs", cfg.jobs, f"an int in [1, {most}]", "2")
+    ranges.check_jobs(cfg.jobs)
     if cfg.jobs > 1 and cfg.devices * cfg.num_nodes > 1:
         raise ConfigError.bad_value(
             "jobs", cfg.jobs, "1 with devices or num_nodes > 1 (a sub-run runs on one process "

@@ -1,6 +1,7 @@
 """The ranges :func:`lit_fedco.config.early.check_ranges` refuses before torch is imported are
-worded exactly as the full checks word them (the loop's schedule, the failures, the run's and
-the pool's checks), so that the two copies of a message cannot drift apart."""
+refused by the full checks (the loop's schedule, the failures, the run's and the pool's checks)
+in the same line: both paths run on each bad value and their lines are compared, so a path that
+stops calling :mod:`lit_fedco.core.ranges` (or calls it on another value) fails here."""
 
 from __future__ import annotations
 

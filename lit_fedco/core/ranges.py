@@ -1,0 +1,87 @@
+"""The range checks made twice on a run's settings: before torch is imported
+(:func:`lit_fedco.config.early.check_ranges`) and by the full checks (the loop's schedule, the
+failures, the run's and the pool's checks), each written once here so both refuse a value in
+the same line.
+
+Imports: the standard library and :mod:`lit_fedco.core.errors`; never torch.
+"""
+
+from __future__ import annotations
+
+import os
+
+from lit_fedco.core.errors import ConfigError
+
+
+def per_core_limit() -> int:
+    """The most ``jobs`` (and ``threads``) a run may ask for: 4 per CPU core of this machine."""
+    return 4 * (os.cpu_count() or 1)
+
+
+def check_cohort(cohort: int, k: int) -> None:
+    """``cohort`` (m, the clients sampled a round) in [1, K].
+
+    Args:
+        cohort: the value of ``cohort``.
+        k: K, the clients the data are split into (``data.num_clients``).
+
+    Raises:
+        ConfigError: naming ``cohort``.
+    """
+    if not 1 <= cohort <= k:
+        raise ConfigError.bad_value(
+            "cohort", cohort, f"an int in [1, {k}] (K = {k}; with another data.num_clients, set "
+            "cohort too)", str(k),
+        )  # fmt: skip
+
+
+def check_threads(threads: int) -> None:
+    """``threads`` in [0, :func:`per_core_limit`] (0: the cores shared out).
+
+    Raises:
+        ConfigError: naming ``threads``.
+    """
+    most = per_core_limit()
+    if not 0 <= threads <= most:
+        raise ConfigError.bad_value(
+            "threads", threads, f"an int in [0, {most}] (0: the cores shared out; at most 4 per "
+            f"CPU core, {os.cpu_count()} here)", "1",
+        )  # fmt: skip
+
+
+def check_jobs(jobs: int) -> None:
+    """``jobs`` in [1, :func:`per_core_limit`].
+
+    Raises:
+        ConfigError: naming ``jobs``.
+    """
+    most = per_core_limit()
+    if not 1 <= jobs <= most:
+        raise ConfigError.bad_value("jobs", jobs, f"an int in [1, {most}]", "2")
+
+
+def check_fraction(key: str, value: object) -> None:
+    """A probability (``failures.drop``, ``failures.partial``): a number in [0, 1], not a bool.
+
+    Args:
+        key: the dotted key, as the message names it.
+        value: its value.
+
+    Raises:
+        ConfigError: naming ``key``.
+    """
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value <= 1:
+        raise ConfigError.bad_value(key, value, "a float in [0, 1]", "0.1")
+
+
+def check_drop(drop: float) -> None:
+    """``failures.drop`` below 1 for a run (at 1 nothing would be trained).
+
+    Raises:
+        ConfigError: naming ``failures.drop``.
+    """
+    if drop == 1:
+        raise ConfigError.bad_value(
+            "failures.drop", float(drop), "a float in [0, 1) (at 1 every client drops out of "
+            "every round and nothing is trained)", "0.2",
+        )  # fmt: skip
