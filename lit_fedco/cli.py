@@ -229,7 +229,7 @@ def _prestart_workers(cmd: Any, cfg: Any, fork: bool) -> None:
 def _forked_worker(inp: Any, channel: Any) -> None:
     """A worker forked from this process: it serves its tasks through :func:`run`; the
     recipe's script, if the run has one, already ran here."""
-    from lit_fedco.experiment.serving import handle_signals, serve
+    from lit_fedco.process.serving import handle_signals, serve
 
     handle_signals()
     serve(inp, channel, run, main_imported=True)

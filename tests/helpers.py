@@ -77,7 +77,7 @@ def the_run(out: Path, recipe: str) -> Path:
 
 def final_checkpoint(sub_dir: Path) -> dict:
     """The newest checkpoint of a sub-run folder (``<run>/<updater>-seed<s>/``), verified."""
-    from lit_fedco.experiment import checkpoint
+    from lit_fedco.store import checkpoint
 
     return checkpoint.load(checkpoint.listing(sub_dir / "checkpoints")[-1])
 

@@ -208,15 +208,16 @@ def test_checker_resolves_names_and_relative_imports_without_false_cycles(tmp_pa
 
 LAYERS = {
     "core": 0,  # errors, pytree state, seeded streams, the round's vocabulary, models, metrics
-    "process": 1,  # forking, the jobs worker pool, launcher variables, fail points
+    "process": 1,  # forking, the jobs worker pool and its workers, stop requests, fail points
     "data": 1,
+    "store": 2,  # atomic files, the run folder's lock, checkpoints, the per-round record
     "objectives": 2,
     "problems": 3,
     "updaters": 4,
     "engine": 5,  # communication, client store, executors, the round, the loop, evaluation
     "config": 6,  # the command line (torch-free), the catalog, the typed config
     "report": 6,  # tracking, figures
-    "experiment": 7,  # run folders, checkpoints, sub-runs, the runner
+    "experiment": 7,  # run folders, plans, sub-runs, the runner
     "cli": 8,  # the one entry point
     "recipes": 9,
     "benchmarks": 9,

@@ -31,12 +31,12 @@ from lit_fedco.engine.executors import choose_executor
 from lit_fedco.engine.failures import Failures
 from lit_fedco.engine.loop import LoopConfig
 from lit_fedco.engine.store import owned_by
-from lit_fedco.experiment import checkpoint as ckpt
 from lit_fedco.experiment.pretrain import (
     enabled,
     set_params,
 )
 from lit_fedco.problems import Classification, Problem, ProblemParams, get_problem
+from lit_fedco.store import checkpoint as ckpt
 from lit_fedco.updaters.base import (
     CompositionalUpdater,
     available_updaters,

@@ -15,18 +15,13 @@ from typing import Any
 from omegaconf import DictConfig
 
 from lit_fedco.core.errors import ConfigError
-from lit_fedco.experiment import checkpoint as ckpt
 from lit_fedco.experiment import pretrain
 from lit_fedco.experiment.assemble import Assembly
-from lit_fedco.experiment.rundir import (
-    check_entries,
-    check_writable,
-    existing_run_dir,
-    holds_run,
-    read_json,
-)
+from lit_fedco.experiment.rundir import check_writable, existing_run_dir, holds_run
 from lit_fedco.experiment.session import identity_of, verify
 from lit_fedco.experiment.subruns import SubRunSpec, pretrain_runs, sub_runs
+from lit_fedco.store import checkpoint as ckpt
+from lit_fedco.store.files import check_entries, read_json
 
 
 @dataclass

@@ -31,7 +31,7 @@ from torch import Tensor
 
 from lit_fedco.core.errors import ConfigError
 from lit_fedco.core.models import set_model_state
-from lit_fedco.experiment import checkpoint as ckpt
+from lit_fedco.store import checkpoint as ckpt
 
 PRETRAINED = "pretrained.ckpt"
 """The file, in the pre-training's sub-run folder, holding its final model."""

@@ -16,8 +16,10 @@ from lit_fedco.config.parser import flat_keys
 from lit_fedco.core.errors import ConfigError
 from lit_fedco.experiment.assemble import RESUMABLE_CHANGES
 from lit_fedco.experiment.plan import Plan
-from lit_fedco.experiment.rundir import History, holds_run, read_json, sweep, write_text
+from lit_fedco.experiment.rundir import holds_run
 from lit_fedco.experiment.tuning import TUNE_FILE, TUNE_SUFFIX
+from lit_fedco.store.files import read_json, sweep, write_text
+from lit_fedco.store.history import History
 
 
 def whole_run(cfg: DictConfig) -> dict[str, Any]:

@@ -42,21 +42,20 @@ from lit_fedco.experiment.rundir import (
     RUN_OWNER_ENV,
     check_writable,
     contents,
-    lock_run,
     new_run_dir,
-    write_json,
-    write_text,
 )
-from lit_fedco.experiment.session import Stopped, WriteFailed, run_sub, stop_on_signals
+from lit_fedco.experiment.session import Stopped, WriteFailed, run_sub
 from lit_fedco.experiment.starts import starting_point
 from lit_fedco.experiment.subruns import sub_runs
 from lit_fedco.experiment.tuning import label_suffix
 from lit_fedco.process import faults
 from lit_fedco.process.cpu_memory import keep_freed_memory
+from lit_fedco.process.stops import stop_on_signals
 from lit_fedco.process.workers import usable_cores
 from lit_fedco.report.paired import against_best, as_records, format_tests
 from lit_fedco.report.table import TABLE_COLUMNS, UNTESTED, format_table
 from lit_fedco.report.tracking import log_figures
+from lit_fedco.store.files import lock_run, write_json, write_text
 
 __all__ = ["TABLE_COLUMNS", "format_table", "process_threads", "run_recipe"]
 

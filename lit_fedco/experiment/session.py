@@ -3,7 +3,7 @@ stops on SIGTERM / SIGINT, and refusals of checkpoints that belong elsewhere.
 
 A sub-run writes into ``<run_dir>/<sub>/`` (:mod:`lit_fedco.experiment.rundir`). After every
 ``checkpoint_every`` rounds, after the last round, and when the process is asked to stop, rank
-0 writes a checkpoint (:mod:`lit_fedco.experiment.checkpoint`) of everything needed to
+0 writes a checkpoint (:mod:`lit_fedco.store.checkpoint`) of everything needed to
 continue: the loop state, and what the state belongs to. Minibatches, cohorts and conditional
 samples are functions of (seed, client, round), so a run resumed from round r ends
 bit-identical to one never stopped. A diverged run (non-finite loss or state) writes no
@@ -18,8 +18,6 @@ import math
 import signal
 import sys
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -37,7 +35,6 @@ from lit_fedco.engine.comm import Comm
 from lit_fedco.engine.executors import make_executor
 from lit_fedco.engine.loop import FederatedLoop
 from lit_fedco.engine.schedule import DTYPES
-from lit_fedco.experiment import checkpoint as ckpt
 from lit_fedco.experiment import pretrain
 from lit_fedco.experiment.assemble import (
     RESUMABLE_CHANGES,
@@ -47,8 +44,11 @@ from lit_fedco.experiment.assemble import (
     relevant_config,
     run_executor,
 )
-from lit_fedco.experiment.rundir import History, read_json, sweep, write_json
+from lit_fedco.process.stops import SIGNALS, WRITE_FAILED, first_request, request_stop
 from lit_fedco.report.tracking import finalize_loggers, make_loggers
+from lit_fedco.store import checkpoint as ckpt
+from lit_fedco.store.files import read_json, sweep, write_json
+from lit_fedco.store.history import History
 
 
 class Diverged(FloatingPointError):
@@ -82,55 +82,12 @@ class WriteFailed(Exception):
 
 
 # ---------------------------------------------------------------------- stop requests
-_REQUESTED: list[int] = []
-
-
-@contextmanager
-def stop_on_signals() -> Iterator[None]:
-    """While inside, SIGTERM and SIGINT ask the run to stop after the current round (the
-    sub-run saves a checkpoint and raises :class:`Stopped`) instead of killing it mid-write."""
-    if not hasattr(signal, "SIGTERM"):
-        yield
-        return
-    previous = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
-
-    def request(signum: int, frame: Any) -> None:
-        _REQUESTED.append(signum)
-
-    try:
-        for s in previous:
-            signal.signal(s, request)
-        yield
-    finally:
-        for s, handler in previous.items():
-            signal.signal(s, handler)
-        _REQUESTED.clear()
-
-
-SIGNALS = 66
-"""Signal numbers a stop request can carry (0: none; Linux's are 1–64), and
-:data:`WRITE_FAILED`."""
-WRITE_FAILED = 65
-"""The stop request of a process whose write failed (not a signal)."""
-
-
-def requested_signal() -> int:
-    """The signal this process was asked to stop by (SIGTERM, SIGINT), or 0."""
-    return next((c for c in _REQUESTED if c != WRITE_FAILED), 0)
-
-
-def request_stop(code: int) -> None:
-    """Ask every process to stop after the round they are in (a signal number, or
-    :data:`WRITE_FAILED`)."""
-    _REQUESTED.append(code)
-
-
 def stop_request() -> Tensor:
     """This process's stop request as a one-hot vector over signal numbers (all zero: none):
     summed over processes, the highest signal any of them received is the last non-zero."""
     flags = torch.zeros(SIGNALS)
-    if _REQUESTED:
-        flags[min(_REQUESTED[0], SIGNALS - 1)] = 1.0
+    if first := first_request():
+        flags[min(first, SIGNALS - 1)] = 1.0
     return flags
 
 
@@ -146,7 +103,7 @@ def stop_requested(fabric: Fabric, comm: Comm) -> int:
     of them stop after the same round: the requests that travelled in the round's aggregation
     (:meth:`~lit_fedco.engine.round.Comm.carry`, given :func:`stop_request` before the round), with
     no collective of their own; one collective only if no collective took them."""
-    mine = _REQUESTED[0] if _REQUESTED else 0
+    mine = first_request()
     if fabric.world_size == 1:
         return mine
     if comm.carried is not None:

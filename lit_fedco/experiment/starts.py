@@ -10,13 +10,13 @@ from typing import Any
 
 from omegaconf import DictConfig
 
-from lit_fedco.experiment import checkpoint as ckpt
 from lit_fedco.experiment import pretrain
 from lit_fedco.experiment.assemble import Assembly, trains
 from lit_fedco.experiment.plan import Plan, plan_pretrain
-from lit_fedco.experiment.rundir import lock_run
 from lit_fedco.experiment.session import run_sub
 from lit_fedco.experiment.subruns import pretrain_folder
+from lit_fedco.store import checkpoint as ckpt
+from lit_fedco.store.files import lock_run
 
 
 def starting_point(

@@ -192,7 +192,7 @@ def select(cfg: DictConfig, tune_dir: Path) -> dict[str, Any]:
     Raises:
         ConfigError: a tuning sub-run that is not complete, or a metric no sub-run recorded.
     """
-    from lit_fedco.experiment.rundir import read_json, write_json
+    from lit_fedco.store.files import read_json, write_json
 
     metric, sign = str(cfg.tune.metric), 1.0 if cfg.tune.mode == "max" else -1.0
     chosen: dict[str, Any] = {}

@@ -8,7 +8,7 @@ A worker that dies (``kill -9``, out of memory) is replaced and its task reporte
 stop (SIGTERM, SIGINT) reaches every busy worker, with SIGCONT for one that was suspended.
 A worker ends with its launcher (:func:`end_with_launcher`).
 
-A worker (:mod:`lit_fedco.experiment.serving`) reads one JSON line per task and answers one
+A worker (:mod:`lit_fedco.process.serving`) reads one JSON line per task and answers one
 JSON line on a pipe of its own.
 """
 
@@ -30,7 +30,7 @@ from lit_fedco.process.forking import fork
 
 Serve = Callable[[IO[str], IO[str]], None]
 """A forked worker's loop, given its tasks' input and its answers' channel
-(:func:`lit_fedco.experiment.serving.serve`)."""
+(:func:`lit_fedco.process.serving.serve`)."""
 
 WORKER = [sys.executable, "-m", "lit_fedco.worker"]
 """How a worker process is started."""

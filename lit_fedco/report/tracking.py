@@ -314,7 +314,7 @@ def make_loggers(
     """The experiment trackers of ``tracking``, each already holding the resolved ``config``.
 
     Every run records its metrics in its run folder (``metrics.jsonl`` and ``metrics.csv``,
-    :class:`lit_fedco.experiment.rundir.History`) whatever ``tracking`` says; ``csv`` asks for
+    :class:`lit_fedco.store.history.History`) whatever ``tracking`` says; ``csv`` asks for
     nothing more, ``wandb`` adds a W&B run.
 
     Args:

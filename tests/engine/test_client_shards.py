@@ -19,7 +19,7 @@ from lit_fedco.core.seeding import sample_cohort
 from lit_fedco.core.state import flatten
 from lit_fedco.engine.comm import Comm
 from lit_fedco.engine.store import ClientStore, _to_client_order, owned_clients
-from lit_fedco.experiment import checkpoint as ckpt
+from lit_fedco.store import checkpoint as ckpt
 from tests.helpers import REPO, free_port, run_recipe, the_run
 
 K = 10  # comfedl_dro's default digits split

@@ -9,6 +9,7 @@ import torch
 
 from lit_fedco.engine.comm import Comm, LocalComm
 from lit_fedco.experiment import session
+from lit_fedco.process import stops
 
 
 class CountingComm(Comm):
@@ -40,12 +41,12 @@ def test_carried_values_ride_the_next_collective_and_leave_the_tree_alone():
 
 def test_a_stop_request_is_a_one_hot_vector_of_its_signal():
     assert session.stop_request().sum() == 0  # none requested
-    session._REQUESTED.append(signal.SIGTERM)
+    stops.request_stop(signal.SIGTERM)
     try:
         flags = session.stop_request()
     finally:
-        session._REQUESTED.clear()
-    assert flags.shape == (session.SIGNALS,) and flags.sum() == 1
+        stops._REQUESTED.clear()
+    assert flags.shape == (stops.SIGNALS,) and flags.sum() == 1
     assert flags[signal.SIGTERM] == 1
     summed = LocalComm().sum_tree({"x": torch.zeros(1)})  # a round without a request
     assert torch.equal(summed["x"], torch.zeros(1, dtype=torch.float64))

@@ -199,7 +199,7 @@ def test_a_recipe_started_inside_a_run_is_a_run_of_its_own(tmp_path):
 def test_a_huge_file_that_is_no_checkpoint_is_refused_without_reading_it(key, tmp_path):
     """A 20 GiB (sparse) file of zeros: refused from its first bytes, in well under a second,
     not read into memory first."""
-    from lit_fedco.experiment import checkpoint as ckpt
+    from lit_fedco.store import checkpoint as ckpt
 
     big = tmp_path / "big.ckpt"
     with open(big, "wb") as f:

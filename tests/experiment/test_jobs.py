@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from lit_fedco.cli import run as main
-from lit_fedco.experiment import serving
+from lit_fedco.process import serving
 from lit_fedco.process.forking import can_fork
 from lit_fedco.process.workers import Forked, Task, _longest
 from lit_fedco.recipes.comfedl_dro import DEFAULTS

@@ -13,7 +13,8 @@ import pytest
 import torch
 
 from lit_fedco.cli import run as main
-from lit_fedco.experiment import pretrain, session
+from lit_fedco.experiment import pretrain
+from lit_fedco.process import stops
 from lit_fedco.recipes.fcsg_auprc import COLUMNS, DEFAULTS
 from tests.helpers import LastLoops, override, the_run
 
@@ -112,7 +113,7 @@ class StopAt:
     def on_round_end(self, loop, logs) -> None:  # type: ignore[no-untyped-def]
         self.first = self.first or loop
         if loop is self.first and loop.round == self.at:
-            session._REQUESTED.append(signal.SIGTERM)
+            stops.request_stop(signal.SIGTERM)
 
 
 def test_a_pretraining_stopped_halfway_resumes_to_the_same_result(tmp_path):

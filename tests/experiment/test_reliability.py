@@ -252,8 +252,8 @@ def _crafted(tmp_path, change) -> tuple[list[str], object]:
 
     import torch
 
-    from lit_fedco.experiment import checkpoint as ckpt
     from lit_fedco.recipes.comfedl_dro import DEFAULTS
+    from lit_fedco.store import checkpoint as ckpt
 
     out = tmp_path / "out"
     base = ["updater=fedavg", "seeds=[0]", "rounds=2", "eval_every=1", "progress=false",
@@ -308,7 +308,7 @@ def test_crafted_checkpoints_are_refused_in_one_line(change, line, tmp_path):
 
 # ------------------------------------------------------------ the record on resume (defect 6)
 def test_metrics_rows_that_do_not_fit_the_checkpoint_are_set_aside(tmp_path):
-    from lit_fedco.experiment.rundir import SET_ASIDE, History
+    from lit_fedco.store.history import SET_ASIDE, History
 
     rows = [{"round": r, "loss": 1.0 / r} for r in range(1, 22)]  # 21: logged after ckpt 20
     text = "".join(json.dumps(r) + "\n" for r in rows)
@@ -327,7 +327,7 @@ def test_metrics_rows_that_do_not_fit_the_checkpoint_are_set_aside(tmp_path):
 
 
 def test_a_long_list_of_dropped_lines_is_one_short_line(tmp_path):
-    from lit_fedco.experiment.rundir import History
+    from lit_fedco.store.history import History
 
     (tmp_path / "metrics.jsonl").write_text("not json\n" * 50_000)
     (note,) = History(tmp_path).notes
@@ -475,8 +475,8 @@ def test_a_non_finite_init_from_is_named_as_such(tmp_path):
     import io
     import math
 
-    from lit_fedco.experiment import checkpoint as ckpt
     from lit_fedco.recipes.comfedl_dro import DEFAULTS
+    from lit_fedco.store import checkpoint as ckpt
 
     out = tmp_path / "out"
     base = ["updater=fedavg", "seeds=[0]", "rounds=1", "progress=false", "tracking=[csv]",

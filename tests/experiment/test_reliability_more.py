@@ -70,7 +70,7 @@ def test_a_full_disk_fails_the_writability_probe(full_disk):
 
 
 def test_a_lock_that_cannot_be_written_is_one_line(full_disk):
-    from lit_fedco.experiment.rundir import lock_run
+    from lit_fedco.store.files import lock_run
 
     run_dir = full_disk / "run"
     run_dir.mkdir()  # a folder and an empty file take no block on tmpfs; the record does

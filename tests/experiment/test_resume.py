@@ -20,7 +20,7 @@ import pytest
 import torch
 
 from lit_fedco.core.state import tree_leaves
-from lit_fedco.experiment import checkpoint as ckpt
+from lit_fedco.store import checkpoint as ckpt
 from tests.helpers import REPO, free_port, override
 
 pytestmark = pytest.mark.slow

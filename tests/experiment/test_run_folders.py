@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 
 from lit_fedco.cli import run as main
-from lit_fedco.experiment import checkpoint as ckpt
 from lit_fedco.recipes.comfedl_dro import DEFAULTS
+from lit_fedco.store import checkpoint as ckpt
 from tests.helpers import REPO, override
 
 ARGS = ["updaters=[comfedl]", "seeds=[0]", "progress=false", "tracking=[csv]", "eval_every=5",
@@ -170,11 +170,11 @@ def test_a_start_cut_before_config_yaml_leads_somewhere(tmp_path, capsys):
 def test_a_checkpoint_does_not_rewrite_the_record(tmp_path, monkeypatch):
     """metrics.csv is written when a sub-run ends or stops, not at every checkpoint: with a
     checkpoint every round, the CSV is written once."""
-    from lit_fedco.experiment import rundir
+    from lit_fedco.store import history
 
     writes = []
-    real = rundir.History.write_csv
-    monkeypatch.setattr(rundir.History, "write_csv", lambda self: writes.append(1) or real(self))
+    real = history.History.write_csv
+    monkeypatch.setattr(history.History, "write_csv", lambda self: writes.append(1) or real(self))
     run(tmp_path, "rounds=20", "run_name=r", "checkpoint_every=1")
     assert len(writes) == 1
     assert len(ckpt.listing(tmp_path / "comfedl_dro" / "r" / "comfedl-seed0" / "checkpoints")) == 10

@@ -20,8 +20,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from lit_fedco.experiment import checkpoint as ckpt
 from lit_fedco.process.faults import ENV, POINTS
+from lit_fedco.store import checkpoint as ckpt
 from tests.helpers import REPO, override
 
 pytestmark = pytest.mark.slow  # real processes

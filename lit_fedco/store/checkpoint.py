@@ -25,7 +25,7 @@ import torch
 from torch import Tensor
 
 from lit_fedco.core.errors import ConfigError
-from lit_fedco.process import faults
+from lit_fedco.store.files import atomic_write
 
 if TYPE_CHECKING:
     from lit_fedco.data import FederatedData
@@ -65,29 +65,6 @@ def model_signature(params: dict[str, Tensor]) -> list[str]:
 
 
 # ---------------------------------------------------------------------- writing
-def atomic_write(path: Path, payload: bytes, fail_point: str = "") -> None:
-    """Write ``payload`` to ``path`` atomically (temporary file in the same folder, fsync,
-    ``os.replace``, fsync of the folder). On any error the temporary file is removed and the
-    previous ``path``, if any, is untouched; the error propagates."""
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    try:
-        with open(tmp, "wb") as f:
-            f.write(payload)
-            f.flush()
-            os.fsync(f.fileno())
-        if fail_point:
-            faults.point(fail_point)
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def encode(content: dict[str, Any]) -> bytes:
     """The file bytes of a checkpoint holding ``content``."""
     buf = io.BytesIO()

@@ -21,6 +21,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any
 
+from lit_fedco.process.stops import request_stop
+
 RunRecipe = Callable[[str, dict[str, Any], list[str]], Any]
 """How a task runs: :func:`lit_fedco.cli.run` (passed in: the entry point is a layer above)."""
 
@@ -46,9 +48,7 @@ def _request(signum: int, frame: Any) -> None:
     """A stop request that came while no run handles signals (importing, planning, idle): the
     run in progress, if any, stops after its next round with a checkpoint; no other starts."""
     _PENDING.append(signum)
-    request_stop = getattr(sys.modules.get("lit_fedco.experiment.session"), "request_stop", None)
-    if request_stop is not None:  # not while the module is still being imported
-        request_stop(signum)
+    request_stop(signum)
 
 
 def serve(inp: IO[str], channel: IO[str], run: RunRecipe, main_imported: bool = False) -> None:
@@ -56,8 +56,6 @@ def serve(inp: IO[str], channel: IO[str], run: RunRecipe, main_imported: bool = 
     :func:`lit_fedco.cli.run`) with everything it writes (file descriptors 1 and 2 included)
     going to its log; answer on ``channel``. ``main_imported``: the recipe's script, if the run
     has one, already ran in this process (a worker forked from the launcher)."""
-    import lit_fedco.experiment.session  # noqa: F401  (so that a stop request always reaches it)
-
     imported = main_imported
     for line in inp:
         task = json.loads(line)
