@@ -46,6 +46,22 @@ def functions(path: Path) -> list[tuple[str, int]]:
     return found
 
 
+def kinds(path: Path) -> dict[str, int]:
+    """A module's lines by kind: ``doc`` (docstrings of the module, classes, functions and
+    attributes), ``blank``, ``comment`` and ``code`` (the rest)."""
+    text = path.read_text()
+    kind = ["blank" if not t.strip() else "comment" if t.strip().startswith("#") else "code"
+            for t in text.splitlines()]  # fmt: skip
+    for node in ast.walk(ast.parse(text)):
+        body = getattr(node, "body", None)
+        for stmt in body if isinstance(body, list) else []:
+            value = stmt.value if isinstance(stmt, ast.Expr) else None
+            if isinstance(value, ast.Constant) and isinstance(value.value, str):
+                first, last = stmt.lineno, stmt.end_lineno or stmt.lineno
+                kind[first - 1 : last] = ["doc"] * (last - first + 1)
+    return {k: kind.count(k) for k in ("code", "doc", "comment", "blank")}
+
+
 def orchestration_lines() -> int:
     """The lines of ``experiment/``, ``config/``, ``cli.py`` and ``worker.py``."""
     return sum(lines(p) for p in PACKAGE.rglob("*.py") if p.relative_to(PACKAGE).parts[0]
@@ -74,6 +90,8 @@ def test_the_measures_see_what_they_measure(tmp_path):
     path.write_text("import functools\n\n\n@functools.cache\ndef f():\n    return 1\n")
     assert lines(path) == 6
     assert functions(path) == [("f", 3)]
+    path.write_text('"""Doc."""\n\n# note\nX = 1\n"""X\'s doc,\non two lines."""\n')
+    assert kinds(path) == {"code": 1, "doc": 3, "comment": 1, "blank": 1}
 
 
 if __name__ == "__main__":
@@ -84,6 +102,12 @@ if __name__ == "__main__":
     for top, n in sorted(layers.items(), key=lambda kv: -kv[1]):
         print(f"{n:6d}  {top}")
     print(f"orchestration {orchestration_lines()} lines (target {ORCHESTRATION_TARGET})")
+    split = {"code": 0, "doc": 0, "comment": 0, "blank": 0}
+    for p in PACKAGE.rglob("*.py"):
+        if p.relative_to(PACKAGE).parts[0] in ORCHESTRATION:
+            for k, n in kinds(p).items():
+                split[k] += n
+    print("  of which", ", ".join(f"{k} {n}" for k, n in split.items()))
     by_size = sorted(((lines(p), str(p.relative_to(PACKAGE))) for p in modules()), reverse=True)
     print("longest modules:", by_size[:5])
     spans = [(n, f"{p.relative_to(PACKAGE)}:{name}") for p in modules() for name, n in functions(p)]
