@@ -142,6 +142,33 @@ def test_the_api_reference_lists_every_exported_name():
     assert ".. automodule:: lit_fedco.testing" in text
 
 
+def test_the_layout_page_lists_the_layers_the_import_test_enforces():
+    """``docs/explanation/layout.md``'s table of layers is ``tests/test_imports.py``'s
+    ``LAYERS``: every package and top-level module once, at its number; every module path the
+    page names exists."""
+    from tests.test_imports import LAYERS
+
+    text = (DOCS / "explanation" / "layout.md").read_text()
+    listed = {}
+    for number, names in re.findall(r"^\| *(\d+) *\| ([^|]+)\|", text, flags=re.M):
+        for name in re.findall(r"`(\w+)`", names):
+            assert name not in listed, f"{name} listed twice"
+            listed[name] = int(number)
+    assert listed == LAYERS
+    for path in set(re.findall(r"`((?:\w+/)+\w+\.py)`", text)):
+        assert (REPO / path).is_file() or (REPO / "lit_fedco" / path).is_file(), path
+    for dotted in set(
+        re.findall(r"`((?:config|experiment|store|process|engine)(?:\.\w+)+)`", text)
+    ):
+        parts = ("lit_fedco." + dotted).split(".")
+        n = 2  # the longest prefix that is a module; the rest are names inside it
+        while n < len(parts) and (REPO / "/".join(parts[: n + 1])).with_suffix(".py").is_file():
+            n += 1
+        found: object = importlib.import_module(".".join(parts[:n]))
+        for name in parts[n:]:  # a class or function inside the module, and its members
+            found = getattr(found, name)
+
+
 def test_the_config_reference_is_generated_from_the_catalog():
     sys.path.insert(0, str(DOCS / "_ext"))
     try:
