@@ -25,7 +25,6 @@ from __future__ import annotations
 import itertools
 import math
 import os
-import shlex
 import sys
 import time
 from collections.abc import Callable
@@ -38,9 +37,7 @@ from omegaconf import DictConfig
 
 from lit_fedco.config import catalog
 from lit_fedco.core.errors import ConfigError
-
-RUN_DIR_ENV = "LIT_FEDCO_RUN_DIR"
-"""Set by a run for the processes it starts (:data:`lit_fedco.experiment.rundir.RUN_DIR_ENV`)."""
+from lit_fedco.experiment.rundir import RUN_DIR_ENV
 
 TUNE_SUFFIX = "-tune"
 """The tuning run's folder is the comparison's name with this suffix."""
@@ -61,11 +58,6 @@ class Point:
         """The variant's overrides: the updater alone, with this point's values."""
         items = " ".join(f"{k}={_text(v)}" for k, v in self.values)
         return f"updaters=[{self.updater}] {items}"
-
-    @property
-    def label(self) -> str:
-        """``lr=0.01`` (keys without the updater's name)."""
-        return ", ".join(f"{k.split('.', 1)[1]}={_text(v)}" for k, v in self.values)
 
 
 def _text(value: Any) -> str:
@@ -158,31 +150,8 @@ def run_names(cfg: DictConfig) -> tuple[str, str]:
     return name, name + TUNE_SUFFIX
 
 
-def tuning_items(cfg: DictConfig, tune_dir: Path, resume: bool) -> list[str]:
-    """The items appended to the command line for the tuning run (``resume``: continue it
-    where it has started)."""
-    variants = "[" + ",".join(_quote(p.variant) for p in points(cfg)) + "]"
-    seeds = "[" + ",".join(str(s) for s in cfg.tune.seeds) + "]"
-    items = [
-        "tune.grid=[]",
-        f"variants={variants}",
-        f"seeds={seeds}",
-        f"run_name={tune_dir.name}",
-        f"data.heldout={cfg.tune.heldout}",
-        f"resume={'auto' if resume and holds(tune_dir) else ''}",
-    ]
-    if int(cfg.tune.rounds):
-        items.append(f"rounds={int(cfg.tune.rounds)}")
-    return items
-
-
 def _quote(text: str) -> str:
     return "'" + text.replace("'", "") + "'"
-
-
-def count(cfg: DictConfig) -> int:
-    """The tuning run's sub-runs: grid points × tuning seeds."""
-    return len(points(cfg)) * len(cfg.tune.seeds)
 
 
 def select(cfg: DictConfig, tune_dir: Path) -> dict[str, Any]:
@@ -233,15 +202,6 @@ def select(cfg: DictConfig, tune_dir: Path) -> dict[str, Any]:
     return record
 
 
-def chosen_items(record: dict[str, Any]) -> list[str]:
-    """``KEY=VALUE`` per chosen value (an updater whose every point diverged keeps its own)."""
-    out = []
-    for entry in record["updaters"].values():
-        if entry["best"] is not None:
-            out += [f"{k}={_text(v)}" for k, v in entry["best"]["values"].items()]
-    return out
-
-
 def summary(record: dict[str, Any]) -> str:
     """The lines printed after the tuning: per updater the chosen values and every score."""
     where = "a slice of the training split" if record["heldout"] == "train" else "the test split"
@@ -266,19 +226,6 @@ def label_suffix(cfg: DictConfig, updater: str) -> str:
     return f" ({', '.join(mine)})" if mine else ""
 
 
-def comparison_items(name: str, record: dict[str, Any], resume: bool) -> list[str]:
-    """The items appended to the command line for the comparison run."""
-    chosen = chosen_items(record)
-    listed = "[" + ",".join(_quote(c) for c in chosen) + "]"
-    return [*chosen, f"tune.chosen={listed}", f"run_name={name}",
-            f"resume={'auto' if resume else ''}"]  # fmt: skip
-
-
-def shell(items: list[str]) -> str:
-    """Items as one shell line (for messages)."""
-    return " ".join(shlex.quote(i) for i in items)
-
-
 def run_tuned(
     recipe: str,
     defaults: dict[str, Any],
@@ -299,9 +246,13 @@ def run_tuned(
     Returns:
         The comparison's table rows (the tuning's, for a tuning sub-run).
     """
-    if not points(cfg):  # every grid key is of an updater this run leaves out
+    try:
+        grid = points(cfg)
+    except ConfigError as err:
+        refuse(err)
+    if not grid:  # every grid key is of an updater this run leaves out
         return launch(recipe, cmd, cfg, columns, callbacks, evaluated_on)
-    phases = _Phases(recipe, defaults, argv, cfg)
+    phases = _Phases(recipe, defaults, argv, cfg, grid)
     tcmd, tcfg = phases.tuning()
     if cmd.help == "sub-runs":
         print(f"tuning run {phases.tune_name} (sub_run=0..{phases.n_tune - 1}):", flush=True)
@@ -329,10 +280,17 @@ class _Phases:
     loaded (the run's own, with the phase's items winning). A problem is refused in one line
     (exit code 2)."""
 
-    def __init__(self, recipe: str, defaults: dict[str, Any], argv: list[str], cfg: DictConfig):
-        self.defaults, self.argv, self.cfg = defaults, argv, cfg
+    def __init__(
+        self,
+        recipe: str,
+        defaults: dict[str, Any],
+        argv: list[str],
+        cfg: DictConfig,
+        grid: list[Point],
+    ):
+        self.defaults, self.argv, self.cfg, self.grid = defaults, argv, cfg, grid
+        self.n_tune = len(grid) * len(cfg.tune.seeds)  # the tuning run's sub-runs
         try:
-            self.n_tune = count(cfg)
             self.name, self.tune_name = run_names(cfg)
         except ConfigError as err:
             refuse(err)
@@ -340,45 +298,58 @@ class _Phases:
         self.run_dir = self.tune_dir.with_name(self.name)
 
     def loaded(self, items: list[str]) -> tuple[Any, DictConfig]:
-        """The run's command line with ``items`` set, parsed and loaded."""
+        """The run's command line with ``items`` appended, parsed and loaded: the run's own
+        items for the keys they set are left out (a phase's own values win)."""
         from lit_fedco.config.load import load
         from lit_fedco.config.parser import parse
         from lit_fedco.config.plugins import import_plugins
 
-        more = import_plugins(parse([*without(self.argv, items), *items], self.defaults))
-        return more, load(more)
-
-    def tuning(self) -> tuple[Any, DictConfig]:
-        """The tuning run's command line and config (one sub-run of it where ``sub_run`` is)."""
-        cfg, sub = self.cfg, int(self.cfg.sub_run)
+        keys = {i.partition("=")[0] for i in items}
+        if "updaters" in keys:
+            keys.add("updater")
+        argv = [a for a in self.argv if a.partition("=")[0].lstrip("-") not in keys]
         try:
-            t_items = tuning_items(cfg, self.tune_dir, bool(cfg.resume) or sub >= 0)
-            if 0 <= sub < self.n_tune:
-                t_items.append(f"sub_run={sub}")
-            return self.loaded(t_items)
+            more = import_plugins(parse([*argv, *items], self.defaults))
+            return more, load(more)
         except ConfigError as err:
             refuse(err)
 
+    def tuning(self) -> tuple[Any, DictConfig]:
+        """The tuning run's command line and config: a variant per grid point, on the tuning
+        seeds, continued where it has started (one sub-run of it where ``sub_run`` is)."""
+        cfg, sub = self.cfg, int(self.cfg.sub_run)
+        resume = (bool(cfg.resume) or sub >= 0) and holds(self.tune_dir)
+        items = [
+            "tune.grid=[]",
+            "variants=[" + ",".join(_quote(p.variant) for p in self.grid) + "]",
+            "seeds=[" + ",".join(str(s) for s in cfg.tune.seeds) + "]",
+            f"run_name={self.tune_dir.name}",
+            f"data.heldout={cfg.tune.heldout}",
+            f"resume={'auto' if resume else ''}",
+        ]
+        if int(cfg.tune.rounds):
+            items.append(f"rounds={int(cfg.tune.rounds)}")
+        if 0 <= sub < self.n_tune:
+            items.append(f"sub_run={sub}")
+        return self.loaded(items)
+
     def comparison(self) -> tuple[dict[str, Any], Any, DictConfig]:
-        """The tuning's choice, and the comparison run's command line and config with it."""
+        """The tuning's choice, and the comparison run's command line and config with it:
+        ``KEY=VALUE`` per chosen value (an updater whose every point diverged keeps its own)."""
         cfg, sub = self.cfg, int(self.cfg.sub_run)
         try:
             record = select(cfg, self.tune_dir)
-            c_items = comparison_items(self.name, record, bool(cfg.resume) and holds(self.run_dir))
-            if sub >= 0:
-                c_items = [i for i in c_items if not i.startswith("resume=")]
-                c_items.append(f"sub_run={sub - self.n_tune}")
-            return (record, *self.loaded(c_items))
         except ConfigError as err:
             refuse(err)
-
-
-def without(argv: list[str], items: list[str]) -> list[str]:
-    """``argv`` without the items that set a key ``items`` set (a phase's own values win)."""
-    keys = {i.partition("=")[0] for i in items}
-    if "updaters" in keys:
-        keys.add("updater")
-    return [a for a in argv if a.partition("=")[0].lstrip("-") not in keys]
+        best = [e["best"] for e in record["updaters"].values() if e["best"] is not None]
+        chosen = [f"{k}={_text(v)}" for b in best for k, v in b["values"].items()]
+        items = [*chosen, "tune.chosen=[" + ",".join(_quote(c) for c in chosen) + "]",
+                 f"run_name={self.name}"]  # fmt: skip
+        if sub >= 0:
+            items.append(f"sub_run={sub - self.n_tune}")
+        else:
+            items.append(f"resume={'auto' if cfg.resume and holds(self.run_dir) else ''}")
+        return (record, *self.loaded(items))
 
 
 def refuse(err: ConfigError) -> NoReturn:

@@ -89,6 +89,17 @@ def test_bad_grids_are_refused_with_one_line():
     assert "'max' or 'min'" in check("tune.grid=['fedavg.lr=0.1']", "tune.mode=up")
 
 
+def test_a_bad_grid_on_the_command_line_ends_with_exit_code_2_and_one_line(tmp_path, capsys):
+    with pytest.raises(SystemExit) as end:
+        main("comfedl_dro", DEFAULTS, [*ARGS, "tune.mode=up", f"out_dir={tmp_path}"])
+    assert end.value.code == 2
+    err = capsys.readouterr().err
+    assert (
+        err == "lit_fedco: tune.mode: got 'up', expected 'max' or 'min'; set e.g. tune.mode=min\n"
+    )
+    assert not list(tmp_path.iterdir())
+
+
 def test_a_tuning_phase_killed_with_kill_9_resumes_to_the_same_numbers(tmp_path):
     env = {**os.environ, "WANDB_MODE": "disabled"}
     cmd = [sys.executable, "-m", "lit_fedco.recipes.comfedl_dro",
