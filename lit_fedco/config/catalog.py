@@ -13,33 +13,21 @@ import dataclasses
 import json
 import sys
 from functools import cache
-from pathlib import Path
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-SCHEMA_FILE = Path(__file__).resolve().parent / "schema.json"
-
-TYPES: dict[str, Any] = {
-    "int": int,
-    "float": float,
-    "str": str,
-    "bool": bool,
-    "list[str]": list[str],
-    "list[int]": list[int],
-    "list[float]": list[float],
-}
+from lit_fedco.config import schema
+from lit_fedco.config.schema import TYPES
 
 
 @cache
 def load() -> dict[str, Any]:
-    """The committed catalog (:data:`SCHEMA_FILE`); built from the dataclasses (importing
-    torch) if the file is missing."""
-    if not SCHEMA_FILE.is_file():
-        from lit_fedco.config.schema import build
-
-        return build()
-    catalog: dict[str, Any] = json.loads(SCHEMA_FILE.read_text(encoding="utf-8"))
+    """The committed catalog (:data:`lit_fedco.config.schema.SCHEMA_FILE`); built from the
+    dataclasses (importing torch) if the file is missing."""
+    if not schema.SCHEMA_FILE.is_file():
+        return schema.build()
+    catalog: dict[str, Any] = json.loads(schema.SCHEMA_FILE.read_text(encoding="utf-8"))
     return catalog
 
 
@@ -100,8 +88,6 @@ def current() -> dict[str, Any]:
     extras = runtime_extras()
     if not extras and not NODE_PARAMS:
         return load()
-    from lit_fedco.config import schema
-
     nodes = dict(load()["nodes"])
     if extras:
         from lit_fedco.updaters import available_updaters
@@ -142,20 +128,6 @@ def _dataclass(node: dict[str, Any], children: dict[str, type] | None = None) ->
     return dataclasses.make_dataclass(name, fields, frozen=bool(node["frozen"]))
 
 
-def _classes(catalog: dict[str, Any]) -> tuple[type, list[tuple[str, type]]]:
-    """The run's dataclass, and (name, dataclass) of every updater and problem node."""
-    nodes = catalog["nodes"]
-    children = {k: _dataclass(nodes[k]) for k in catalog["fields"] if k in nodes}
-    run = _dataclass({**catalog["run"], "order": catalog["fields"]}, children)
-    sections = [(k, _dataclass(v)) for k, v in nodes.items() if v["kind"] in ("updater", "problem")]
-    return run, sections
-
-
-@cache
-def _committed_classes() -> tuple[type, list[tuple[str, type]]]:
-    return _classes(load())
-
-
 def typed_schema(catalog: dict[str, Any] | None = None) -> DictConfig:
     """The typed schema of ``catalog`` (default :func:`current`): the run's keys, one node per
     updater and problem, with their types, defaults and frozenness, struct-mode (an unknown
@@ -163,23 +135,24 @@ def typed_schema(catalog: dict[str, Any] | None = None) -> DictConfig:
     catalog's is built once and shared: read it, or merge into a copy
     (:func:`lit_fedco.config.parser.merge` does)."""
     catalog = current() if catalog is None else catalog
-    if catalog is load():
-        return _committed_schema()
-    return _build(*_classes(catalog))
+    return _committed_schema() if catalog is load() else _build(catalog)
 
 
 @cache
 def _committed_schema() -> DictConfig:
-    return _build(*_committed_classes())
+    return _build(load())
 
 
-def _build(run: type, sections: list[tuple[str, type]]) -> DictConfig:
-    cfg = OmegaConf.structured(run)
+def _build(catalog: dict[str, Any]) -> DictConfig:
+    nodes = catalog["nodes"]
+    children = {k: _dataclass(nodes[k]) for k in catalog["fields"] if k in nodes}
+    cfg = OmegaConf.structured(_dataclass({**catalog["run"], "order": catalog["fields"]}, children))
     OmegaConf.set_struct(cfg, False)
-    for name, cls in sections:
-        node = OmegaConf.structured(cls)
-        OmegaConf.set_readonly(node, False)  # frozen dataclasses come in read-only
-        cfg[name] = node
+    for name, node in nodes.items():
+        if node["kind"] in ("updater", "problem"):
+            sub = OmegaConf.structured(_dataclass(node))
+            OmegaConf.set_readonly(sub, False)  # frozen dataclasses come in read-only
+            cfg[name] = sub
     OmegaConf.set_struct(cfg, True)
     return cfg
 

@@ -19,6 +19,7 @@ from typing import Any
 
 from lit_fedco.config import catalog
 from lit_fedco.config.parser import flat_keys, presets
+from lit_fedco.config.schema import brief
 
 
 def width() -> int:
@@ -114,12 +115,6 @@ class Writer:
             else:
                 self.lines.append(first.ljust(col) + body[0])
                 self.lines += [" " * col + line for line in body[1:]]
-
-
-def brief(text: str) -> str:
-    """A description's first sentence (``--help``; ``--help-all`` shows it whole)."""
-    m = re.match(r"(.+?\.)\s+(?=[A-Z])", text)
-    return m.group(1) if m else text
 
 
 def _key_rows(

@@ -16,7 +16,6 @@ everything (torch included); only the generated file is read on the fast path.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import inspect
 import json
@@ -31,16 +30,17 @@ SCHEMA_FILE = Path(__file__).resolve().parent / "schema.json"
 
 WRITE_COMMAND = "python -m lit_fedco.config.schema --write"
 
-TYPE_NAMES: dict[Any, str] = {
-    int: "int",
-    float: "float",
-    str: "str",
-    bool: "bool",
-    list[str]: "list[str]",
-    list[int]: "list[int]",
-    list[float]: "list[float]",
+TYPES: dict[str, Any] = {
+    "int": int,
+    "float": float,
+    "str": str,
+    "bool": bool,
+    "list[str]": list[str],
+    "list[int]": list[int],
+    "list[float]": list[float],
 }
-"""The field types a config node may have, and their names in the catalog."""
+"""The field types a config node may have, by their names in the catalog."""
+TYPE_NAMES: dict[Any, str] = {tp: name for name, tp in TYPES.items()}
 
 _ROLE = re.compile(r":[a-z]+:`(~?)([^`]+)`")
 _LITERAL = re.compile(r"``(.+?)``")
@@ -54,17 +54,16 @@ def plain(text: str) -> str:
     return " ".join(_LITERAL.sub(r"\1", text).split())
 
 
-def first_paragraph(doc: str | None) -> str:
-    """A docstring's first paragraph, as one plain line."""
-    text = inspect.cleandoc(doc or "")
-    return plain(text.split("\n\n", 1)[0])
+def brief(text: str) -> str:
+    """A text's first sentence: up to a full stop followed by a capital (``--help`` shows a
+    key's first sentence, ``--help-all`` all of it)."""
+    m = re.match(r"(.+?\.)\s+(?=[A-Z])", text)
+    return m.group(1) if m else text
 
 
 def first_sentence(doc: str | None) -> str:
-    """A docstring's first sentence (up to a full stop followed by a capital), one line."""
-    para = first_paragraph(doc)
-    m = re.match(r"(.+?\.)\s+(?=[A-Z])", para)
-    line = m.group(1) if m else para
+    """The first sentence (:func:`brief`) of a docstring's first paragraph, as one plain line."""
+    line = brief(plain(inspect.cleandoc(doc or "").split("\n\n", 1)[0]))
     return line.rstrip(":") + "." if line.endswith(":") else line
 
 
@@ -110,15 +109,6 @@ def field_docs(cls: type) -> dict[str, str]:
     return docs
 
 
-def type_name(tp: Any, where: str, strict: bool = True) -> str:
-    """The catalog's name of a field type (:data:`TYPE_NAMES`)."""
-    if tp in TYPE_NAMES:
-        return TYPE_NAMES[tp]
-    if not strict:
-        return getattr(tp, "__name__", str(tp))
-    raise TypeError(f"{where}: type {tp!r} is not one of {sorted(TYPE_NAMES.values())}")
-
-
 def node_entry(
     cls: type, kind: str, help_text: str, strict: bool = True, **extra: Any
 ) -> dict[str, Any]:
@@ -147,8 +137,11 @@ def node_entry(
             default = f.default_factory()
         else:
             raise ValueError(f"{where} has no default")
-        keys[f.name] = {"type": type_name(hints[f.name], where, strict), "default": default,
-                        "help": docs.get(f.name, "")}  # fmt: skip
+        tp = hints[f.name]
+        if tp not in TYPE_NAMES and strict:
+            raise TypeError(f"{where}: type {tp!r} is not one of {sorted(TYPE_NAMES.values())}")
+        name = TYPE_NAMES.get(tp) or getattr(tp, "__name__", str(tp))
+        keys[f.name] = {"type": name, "default": default, "help": docs.get(f.name, "")}
     entry: dict[str, Any] = {"kind": kind, "class": f"{cls.__module__}.{cls.__qualname__}"}
     entry.update(extra)
     frozen = bool(cls.__dataclass_params__.frozen)  # type: ignore[attr-defined]
@@ -279,21 +272,20 @@ def dumps(catalog: dict[str, Any]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     """``--write`` regenerates :data:`SCHEMA_FILE`; ``--check`` (default) exits 1 when stale."""
+    import argparse
+
     parser = argparse.ArgumentParser(prog="python -m lit_fedco.config.schema", description=__doc__)
     parser.add_argument("--write", action="store_true", help=f"rewrite {SCHEMA_FILE.name}")
     args = parser.parse_args(argv)
     text = dumps(build())
-    if args.write:
-        if not SCHEMA_FILE.is_file() or SCHEMA_FILE.read_text() != text:
-            SCHEMA_FILE.write_text(text)
-            print(f"wrote {SCHEMA_FILE}")
-        else:
-            print(f"{SCHEMA_FILE} is up to date")
-        return 0
-    if not SCHEMA_FILE.is_file() or SCHEMA_FILE.read_text() != text:
+    if SCHEMA_FILE.is_file() and SCHEMA_FILE.read_text() == text:
+        print(f"{SCHEMA_FILE} is up to date")
+    elif args.write:
+        SCHEMA_FILE.write_text(text)
+        print(f"wrote {SCHEMA_FILE}")
+    else:
         print(f"{SCHEMA_FILE} is stale: run {WRITE_COMMAND}", file=sys.stderr)
         return 1
-    print(f"{SCHEMA_FILE} is up to date")
     return 0
 
 
