@@ -109,12 +109,11 @@ def plan_existing(plan: Plan, spec: RunSpec) -> Plan:
     recipe, cfg, built = spec.recipe, spec.cfg, spec.built
     pretrains = list(pretrain_runs(spec.configs, spec.seeds))
     check_entries(plan.run_dir, [s.folder for s in spec.chosen()] + [f for *_, f in pretrains])
-    for _, _, vcfg, seed, folder in pretrains if cfg.sub_run < 0 else []:
+    for vcfg, seed, folder in pretrains if cfg.sub_run < 0 else []:
         plan_pretrain(plan, recipe, vcfg, seed, plan.run_dir / folder, built)
     for s in spec.chosen():
         _plan_sub(plan, recipe, s.cfg, s.updater, s.seed, plan.run_dir / s.folder, built)
-    total = len(spec.folders())
-    if cfg.sub_run < 0 and plan.done and not plan.resume and len(plan.done) == total:
+    if cfg.sub_run < 0 and plan.done and not plan.resume and len(plan.done) == len(spec.folders()):
         plan.notes.append(f"run {plan.run_dir.name} is already complete: nothing to run")
     return plan
 
@@ -161,7 +160,7 @@ def _plan_path(plan: Plan, spec: RunSpec) -> Plan:
     ended = (read_json(sub_dir / "status.json") or {}).get("state") == "complete"
     if ours and newest is not None and newest[0].resolve() == path.resolve() and not ended:
         plan.run_dir = run  # the newest checkpoint of a sub-run that stopped: continue it
-        for _, _, _, pseed, pfolder in pretrain_runs(spec.configs, spec.seeds):  # its pre-training
+        for _, pseed, pfolder in pretrain_runs(spec.configs, spec.seeds):  # its pre-training
             plan_pretrain(plan, recipe, vcfg, pseed, plan.run_dir / pfolder, built)
     else:
         what = "a complete run" if ended else "an earlier checkpoint of its run"
@@ -173,10 +172,6 @@ def _plan_path(plan: Plan, spec: RunSpec) -> Plan:
                           "new run (the run it came from is left as it is)")  # fmt: skip
     plan.resume[folder] = path
     return plan
-
-
-def _already_done(found: dict[str, Any], cfg: DictConfig) -> bool:
-    return int(found["loop"]["round"]) >= cfg.rounds
 
 
 def plan_pretrain(
@@ -223,7 +218,7 @@ def _plan_sub(
     data = built.data(cfg, seed)
     params = built.updater(cfg, name, seed)[0].params()
     verify(found, identity_of(recipe, cfg, name, seed, data, params), path)
-    if _already_done(found, cfg) and status.get("final"):
+    if at >= cfg.rounds and status.get("final"):
         plan.done[folder.name] = status["final"]
     else:
         plan.resume[folder.name] = path

@@ -31,15 +31,11 @@ from torch import Tensor
 
 from lit_fedco.core.errors import ConfigError
 from lit_fedco.core.models import set_model_state
+from lit_fedco.experiment.subruns import pretrains as enabled
 from lit_fedco.store import checkpoint as ckpt
 
 PRETRAINED = "pretrained.ckpt"
 """The file, in the pre-training's sub-run folder, holding its final model."""
-
-
-def enabled(cfg: DictConfig) -> bool:
-    """Whether the run pre-trains."""
-    return int(cfg.pretrain.rounds) > 0
 
 
 def pretrain_config(cfg: DictConfig) -> DictConfig:
@@ -77,27 +73,27 @@ def check(cfg: DictConfig) -> None:
         raise ConfigError.bad_value("pretrain.lr", p.lr, "a float > 0", "0.05")
 
 
-def load_params(path: str | Path, key: str = "init_from") -> dict[str, Tensor]:
+def load_params(path: str | Path) -> dict[str, Tensor]:
     """The model parameters (the server's ``x``) of the lit_fedco checkpoint at ``path``.
 
     Raises:
         ConfigError: a missing, unreadable or corrupted file, or one without model parameters.
     """
-    found = ckpt.load(Path(path), key=key)
+    found = ckpt.load(Path(path), key="init_from")
     server = found["loop"].get("server") if isinstance(found.get("loop"), dict) else None
     x = server.get("x") if isinstance(server, dict) else None
     if not isinstance(x, dict) or not x or not all(isinstance(v, Tensor) for v in x.values()):
         raise ConfigError(
-            f"{key}: {path} holds no model parameters (no server 'x' of tensors); give a "
+            f"init_from: {path} holds no model parameters (no server 'x' of tensors); give a "
             "checkpoint of a run whose updater trains a model (e.g. a pretrained.ckpt)",
-            key=key,
+            key="init_from",
         )
     bad = next((k for k, v in x.items() if v.is_floating_point() and not v.isfinite().all()), "")
     if bad:
         raise ConfigError(
-            f"{key}: {path} holds non-finite values (NaN or inf) in parameter {bad!r}; give a "
+            f"init_from: {path} holds non-finite values (NaN or inf) in parameter {bad!r}; give a "
             "checkpoint of a run that did not diverge",
-            key=key,
+            key="init_from",
         )
     return dict(x)
 

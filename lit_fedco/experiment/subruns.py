@@ -51,12 +51,12 @@ def sub_runs(configs: list[tuple[str, DictConfig]], seeds: list[int]) -> Iterato
 
 def pretrain_runs(
     configs: list[tuple[str, DictConfig]], seeds: list[int]
-) -> Iterator[tuple[int, str, DictConfig, int, str]]:
-    """``(variant index, variant, config, seed, folder)`` of every pre-training."""
+) -> Iterator[tuple[DictConfig, int, str]]:
+    """``(variant's config, seed, folder)`` of every pre-training."""
     for i, (variant, vcfg) in enumerate(configs):
         if pretrains(vcfg):
             for seed in seeds:
-                yield i, variant, vcfg, seed, pretrain_folder(i, variant, seed)
+                yield vcfg, seed, pretrain_folder(i, variant, seed)
 
 
 def listing(configs: list[tuple[str, DictConfig]], seeds: list[int], first: int = 0) -> str:
