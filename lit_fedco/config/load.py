@@ -17,6 +17,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from lit_fedco.config import catalog
+from lit_fedco.config.messages import as_plain
 from lit_fedco.config.parser import CommandLine, known_names, merge, parse
 from lit_fedco.config.plugins import import_plugins
 from lit_fedco.core.errors import ConfigError
@@ -70,9 +71,7 @@ def variant_configs(cmd: CommandLine, cfg: DictConfig) -> list[tuple[str, DictCo
             raise err.within(where) from None
         for key in RUN_LEVEL:
             if vcfg[key] != cfg[key]:
-                value = OmegaConf.to_container(vcfg[key]) if not isinstance(
-                    vcfg[key], str | int | float | bool) else vcfg[key]  # fmt: skip
-                raise run_level_error(i, key, value)
+                raise run_level_error(i, key, as_plain(vcfg[key]))
         out.append((variant, vcfg))
     _distinct(out)
     return out or [("", cfg)]

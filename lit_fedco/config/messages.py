@@ -20,6 +20,17 @@ EXAMPLES = {
 """Examples for the keys whose default makes a poor one (empty)."""
 
 
+def shorten(text: str, limit: int = 60) -> str:
+    """``text`` cut to ``limit`` characters (with ``…``), for a message that echoes input."""
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def as_plain(value: Any) -> Any:
+    """``value`` as plain lists and dicts where it is an OmegaConf container (interpolations
+    left as written), else itself."""
+    return OmegaConf.to_container(value) if isinstance(value, DictConfig | ListConfig) else value
+
+
 def example(key: str, cfg: DictConfig) -> str:
     """A ``key=VALUE`` to suggest in a message: :data:`EXAMPLES`, else the value in ``cfg``
     (for a group of keys, its first key; for a list element, the whole list)."""
@@ -105,8 +116,7 @@ def unknown_key_error(key: str, source: str, cfg: DictConfig) -> ConfigError:
     hint = f"did you mean {(parent + '.' if parent else '') + close[0]!r}? " if close else ""
     if not close and not parent:  # a key of a node given at the top: lr for fedavg.lr
         hint = _node_key_hint(leaf, cfg)
-    if len(key) > 60:  # input echoed back: a file read as a preset, a pasted line
-        key = key[:59] + "…"
+    key = shorten(key)  # input echoed back: a file read as a preset, a pasted line
     return ConfigError(
         f"{key}: unknown config key (from {source}); {hint}"
         f"valid keys{' under ' + parent if parent else ''}: {', '.join(valid)}",
@@ -126,28 +136,8 @@ def friendly(err: Exception, source: str, layer: Any, cfg: DictConfig) -> Config
     expected = _expected(msg)
     if not key and (found := _misplaced(layer, cfg)):
         key, value, expected = found
-    key = str(key or "?")
-    if isinstance(value, DictConfig | ListConfig):
-        value = OmegaConf.to_container(value)
+    key, value = str(key or "?"), as_plain(value)
     return ConfigError(
         f"{key}: got {value!r} (from {source}), expected {expected}; set e.g. {example(key, cfg)}",
         key=key,
     )
-
-
-def check_flat_lists(cfg: DictConfig, prefix: str = "", root: DictConfig | None = None) -> None:
-    """Every list in ``cfg`` holds single values (OmegaConf lets ``seeds=[[1]]`` through).
-
-    Raises:
-        ConfigError: naming the list, its value and an example.
-    """
-    for k, v in cfg.items():
-        if isinstance(v, DictConfig):
-            check_flat_lists(v, f"{prefix}{k!s}.", root or cfg)
-        elif isinstance(v, ListConfig) and any(isinstance(x, DictConfig | ListConfig) for x in v):
-            key = f"{prefix}{k!s}"
-            raise ConfigError(
-                f"{key}: got {OmegaConf.to_container(v)!r}, expected a list of single values "
-                f"(no nested lists or mappings); set e.g. {example(key, root or cfg)}",
-                key=key,
-            )

@@ -32,11 +32,11 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from omegaconf import DictConfig, ListConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from lit_fedco.config import catalog
-from lit_fedco.config.messages import check_flat_lists, example, friendly
+from lit_fedco.config.messages import as_plain, example, friendly, shorten
 from lit_fedco.core.errors import ConfigError
 
 HELP_FLAGS = ("-h", "--help", "help", "--help-all", "--list-sub-runs")
@@ -46,7 +46,7 @@ PRESETS_PACKAGE = "lit_fedco.presets"
 """The package the shipped presets are installed as (the repository's ``recipes/`` folder)."""
 _RUN_LINE = re.compile(r"^#\s*Run:\s+python -m lit_fedco\.recipes\.(\w+)\b")
 _REF = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
-_KEY = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$")
+KEY = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$")
 """A config key: names of letters, digits and ``_``, joined by dots (``data.name``)."""
 
 
@@ -59,11 +59,6 @@ def flat_keys(values: dict[Any, Any], prefix: str = "") -> dict[str, Any]:
         else:
             out[f"{prefix}{k}"] = v
     return out
-
-
-def shorten(text: str, limit: int = 60) -> str:
-    """``text`` cut to ``limit`` characters (with ``…``), for a message that echoes input."""
-    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 @dataclass
@@ -88,8 +83,7 @@ class CommandLine:
         """Every module (``plugins``) and ``module:Class`` updater the layers name, in order."""
         out: list[str] = []
         for _, layer in self.layers:
-            values = OmegaConf.to_container(layer, resolve=False) if isinstance(
-                layer, DictConfig) else layer  # fmt: skip
+            values = as_plain(layer)
             if not isinstance(values, dict):
                 continue
             for key in ("plugins", "updaters"):
@@ -175,7 +169,7 @@ def preset_layers(preset: str, _seen: tuple[Path, ...] = ()) -> list[tuple[str, 
             f"preset: {path} is empty, expected a mapping of keys (rounds: 50); fill it in, "
             "or leave out preset= to run the recipe's defaults"
         )
-    odd = [str(k) for k in layer if not _KEY.match(str(k))]
+    odd = [str(k) for k in layer if not KEY.match(str(k))]
     if odd:
         raise ConfigError(
             f"preset: {path} is not a lit_fedco preset: {shorten(odd[0])!r} is not a config "
@@ -290,7 +284,7 @@ def parse(
                 f"command line: got {shorten(arg, 80)!r}, expected key=value (e.g. rounds=50 or "
                 "preset=comfedl_dro_mnist); list-valued keys take [a,b]"
             )
-        if not _KEY.match(key):
+        if not KEY.match(key):
             raise ConfigError(
                 f"command line: got {shorten(arg, 80)!r}, whose key {shorten(key)!r} is not a "
                 "config key (names of letters, digits and _, joined by dots); e.g. rounds=5 or "
@@ -347,8 +341,7 @@ def merge(schema: DictConfig, layers: list[tuple[str, Any]]) -> DictConfig:
             f"({first}); set e.g. {example(key, cfg)}",
             key=key,
         ) from None
-    check_flat_lists(cfg)
-    check_numbers(cfg, cfg)
+    check_leaves(cfg)
     return cfg
 
 
@@ -374,19 +367,24 @@ INT64 = 2**63
 """Integers must fit torch's int64 (a round counter, a seed, a size)."""
 
 
-def check_numbers(cfg: DictConfig, root: DictConfig, prefix: str = "") -> None:
-    """Every float in ``cfg`` (a node of ``root``) is finite and every int fits in 64 bits.
+def check_leaves(cfg: DictConfig) -> None:
+    """Every list in ``cfg`` holds single values (OmegaConf lets ``seeds=[[1]]`` through), then
+    every float is finite and every int fits in 64 bits.
 
     Raises:
-        ConfigError: naming the key (``comfedl.lr: got inf, expected a finite number``).
+        ConfigError: naming the key, its value and an example
+            (``comfedl.lr: got inf, expected a finite number``).
     """
-    for k, v in cfg.items():
-        key = f"{prefix}{k!s}"
-        values = v if isinstance(v, ListConfig) else [v]
-        if isinstance(v, DictConfig):
-            check_numbers(v, root, f"{key}.")
-            continue
-        for x in values:
+    values = flat_keys(as_plain(cfg))
+    for key, v in values.items():
+        if isinstance(v, list) and any(isinstance(x, dict | list) for x in v):
+            raise ConfigError(
+                f"{key}: got {v!r}, expected a list of single values (no nested lists or "
+                f"mappings); set e.g. {example(key, cfg)}",
+                key=key,
+            )
+    for key, v in values.items():
+        for x in v if isinstance(v, list) else [v]:
             if isinstance(x, float) and not math.isfinite(x):
                 fix = example(key, catalog.typed_schema())
                 raise ConfigError(f"{key}: got {x}, expected a finite number; set e.g. {fix}",

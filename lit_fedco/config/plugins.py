@@ -20,6 +20,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
+from lit_fedco.config.messages import as_plain
 from lit_fedco.config.parser import CommandLine, is_ref
 from lit_fedco.core.errors import ConfigError
 from lit_fedco.core.imports import import_module
@@ -102,8 +103,7 @@ def _last_name(cmd: CommandLine, node: str) -> str | None:
     """The ``<node>.name`` the command line's layers set last (None: none sets it)."""
     name = None
     for _, layer in cmd.layers:
-        values = OmegaConf.to_container(layer, resolve=False) if isinstance(
-            layer, DictConfig) else layer  # fmt: skip
+        values = as_plain(layer)
         part = values.get(node) if isinstance(values, dict) else None
         if isinstance(part, dict) and isinstance(part.get("name"), str):
             name = part["name"]
@@ -153,9 +153,7 @@ def _data_params(cmd: CommandLine) -> None:
 
 def _replaced(layer: Any, names: dict[str, str]) -> Any:
     """``layer`` with every ``module:Class`` of its ``updaters`` replaced by a registered name."""
-    values = (
-        OmegaConf.to_container(layer, resolve=False) if isinstance(layer, DictConfig) else layer
-    )
+    values = as_plain(layer)
     if not isinstance(values, dict) or not isinstance(values.get("updaters"), list):
         return layer
     if not any(is_ref(v) for v in values["updaters"]):

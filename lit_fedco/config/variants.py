@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import copy
 import json
-import re
 import warnings
 from types import SimpleNamespace
 from typing import Any
@@ -29,7 +28,8 @@ from omegaconf.errors import OmegaConfBaseException
 
 from lit_fedco.config import catalog
 from lit_fedco.config.load import RUN_LEVEL, repeated_error, run_level_error, split_variant
-from lit_fedco.config.parser import flat_keys, known_names, merge, parse
+from lit_fedco.config.messages import as_plain
+from lit_fedco.config.parser import KEY, flat_keys, known_names, merge, parse
 from lit_fedco.config.values import check_one, check_repeats
 from lit_fedco.core.errors import ConfigError
 
@@ -37,9 +37,6 @@ try:  # the loader OmegaConf reads command-line values with (a private module: m
     from omegaconf._yaml import get_yaml_loader
 except ImportError:  # pragma: no cover - then every item is read by the parser
     get_yaml_loader = None  # type: ignore[assignment]
-
-_KEY = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$")
-"""A config key, as the command line takes it (:mod:`lit_fedco.config.parser`)."""
 
 
 class _Items:
@@ -66,8 +63,7 @@ class _Items:
                 layers = [simple]
             out: dict[str, Any] = {}
             for layer in layers:
-                raw = OmegaConf.to_container(layer, resolve=False) if isinstance(
-                    layer, DictConfig) else layer  # fmt: skip
+                raw = as_plain(layer)
                 flat = flat_keys(raw) if isinstance(raw, dict) else {}
                 self._type(flat, layer, source)
                 out.update(flat)
@@ -75,8 +71,10 @@ class _Items:
         return self.done[item]
 
     def _type(self, flat: dict[str, Any], layer: Any, source: str) -> None:
-        """Each value set in the scratch schema (its type checked there); where that fails,
-        ``layer`` merged into a fresh schema for the full check's message."""
+        """Each value set in the scratch schema (its type checked there), and a single value
+        read back as the schema typed it (``1`` for a float key is ``1.0``, as the full check
+        sees it); where that fails, ``layer`` merged into a fresh schema for the full check's
+        message."""
         try:
             with warnings.catch_warnings():  # an int for a float: converted, as merge does
                 warnings.simplefilter("ignore", FutureWarning)
@@ -86,6 +84,8 @@ class _Items:
                     for part in path:
                         node = node[part]
                     node[last] = value
+                    if not isinstance(value, dict | list):
+                        flat[key] = node[last]
         except (OmegaConfBaseException, TypeError, ValueError, KeyError):
             self.scratch = copy.deepcopy(self.typed)
             merge(self.typed, [(source, layer)])  # raises the full check's ConfigError
@@ -95,7 +95,7 @@ def _simple(item: str) -> dict[str, Any] | None:
     """``key=value`` read as :func:`~lit_fedco.config.parser.parse` reads it (a YAML value,
     the empty string for nothing), as ``{"a": {"b": value}}``; None for anything else."""
     key, eq, value = item.partition("=")
-    if not eq or not _KEY.match(key) or key in ("preset", "updater") or not value.isprintable():
+    if not eq or not KEY.match(key) or key in ("preset", "updater") or not value.isprintable():
         return None
     if "${" in value or not value.strip() or get_yaml_loader is None:
         return None
@@ -163,24 +163,17 @@ def _names(cfg: DictConfig, values: dict[str, Any], cat: dict[str, Any]) -> None
 def _run_level(cfg: DictConfig, i: int, values: dict[str, Any]) -> None:
     """A variant changes no key of the whole run."""
     for key, value in values.items():
-        if key.split(".")[0] not in RUN_LEVEL or _has_interpolation(value):
+        if key.split(".")[0] not in RUN_LEVEL or "${" in str(value):
             continue
-        mine = OmegaConf.select(cfg, key)
-        mine = OmegaConf.to_container(mine) if isinstance(mine, DictConfig) or (
-            hasattr(mine, "_content")) else mine  # fmt: skip
-        if mine != value:
+        if as_plain(OmegaConf.select(cfg, key)) != value:
             raise run_level_error(i, key, value)
 
 
 def _values(values: dict[str, Any], checks: dict[str, Any], variant: str) -> None:
     """The catalog's enumerations and ranges on the values a variant sets."""
     for key, value in values.items():
-        if key in checks and value is not None and not _has_interpolation(value):
+        if key in checks and value is not None and "${" not in str(value):
             try:
                 check_one(key, value, checks[key])
             except ConfigError as err:
                 raise err.within(f"variant {variant!r}") from None
-
-
-def _has_interpolation(value: Any) -> bool:
-    return "${" in str(value)
