@@ -22,6 +22,7 @@ from lit_fedco.core.version import VERSION
 if TYPE_CHECKING:
     from lit_fedco.cli import main, run
     from lit_fedco.core.protocol import Probe, RoundContext, RoundInfo, StepInfo, Sync
+    from lit_fedco.core.ranges import Bound
     from lit_fedco.core.server_opt import ServerOptConfig
     from lit_fedco.core.state import (
         State,
@@ -58,6 +59,7 @@ _LAZY = {
     "CompositionalUpdater": "lit_fedco.updaters",
     "Hparams": "lit_fedco.updaters",
     "ServerOptHparams": "lit_fedco.updaters",
+    "Bound": "lit_fedco.core.ranges",  # a hyperparameter's range (Hparams.bounds)
     "register": "lit_fedco.updaters",
     "combine": "lit_fedco.updaters",
     "get_updater": "lit_fedco.updaters",
@@ -94,6 +96,7 @@ _LAZY = {
 
 __all__ = [
     "Batch",
+    "Bound",
     "CompositionalUpdater",
     "ConfigError",
     "Context",

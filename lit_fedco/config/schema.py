@@ -219,9 +219,12 @@ def build() -> dict[str, Any]:
 def value_checks() -> dict[str, Any]:
     """The checks :func:`lit_fedco.config.early.check_values` makes before torch is imported,
     by dotted key: ``one_of`` (the names the key accepts, read from the modules that define
-    them; ``refs``: a ``MODULE:NAME`` is accepted too, and checked when it is imported) or
-    ``min`` (an int's lower bound), each with the full check's ``expected`` and ``example``."""
+    them; ``refs``: a ``MODULE:NAME`` is accepted too, and checked when it is imported) or a
+    range (:class:`~lit_fedco.core.ranges.Bound`'s limits: the run's ints, and every range the
+    shipped updaters and problems declare), each with the full check's ``expected`` and
+    ``example``."""
     from lit_fedco.core.models import MODEL_BUFFERS, MODELS
+    from lit_fedco.core.ranges import Bound, declared_bounds
     from lit_fedco.data import names
     from lit_fedco.engine.executors import AUTO, EXECUTORS
     from lit_fedco.engine.schedule import ACCELERATORS, DTYPES, STRATEGIES, STRATEGY_NOTE
@@ -235,7 +238,7 @@ def value_checks() -> dict[str, Any]:
         return {**out, "refs": True} if refs else out
 
     def at_least(low: int, expected: str, example: str) -> dict[str, Any]:
-        return {"min": low, "expected": expected, "example": example}
+        return Bound(expected, example, ge=low).as_check()
 
     checks: dict[str, Any] = {
         "model.name": one_of(MODELS, f"one of {MODELS} or MODULE:NAME", "logreg", refs=True),
@@ -262,6 +265,14 @@ def value_checks() -> dict[str, Any]:
     checks["checkpoint_keep"] = at_least(1, "an int >= 1", "3")
     checks["chunk_size"] = at_least(0, "an int >= 0 (0: no chunks)", "256")
     checks["seed"] = at_least(0, "an int >= 0 (numpy's seeds)", "0")
+    from lit_fedco.problems import available_problems, get_problem
+    from lit_fedco.updaters import available_updaters, get_updater
+
+    nodes: dict[str, type] = {n: get_updater(n).hparams_cls for n in available_updaters()}
+    nodes.update({name: get_problem(name).params_cls for name in available_problems()})
+    for name, cls in nodes.items():  # as the dataclass checks them when it is built
+        for key, bound in declared_bounds(cls).items():
+            checks[f"{name}.{key}"] = bound.as_check()
     return checks
 
 

@@ -1,7 +1,8 @@
 """The value checks the catalog can make before torch is imported: a name outside an enumeration
-(``model.name=cnnn``, ``data.partition=dirichlett``, ``executor=vectorised``), an int below its
-range (``rounds=0``), an updater or seed given twice. Each refusal is the one line the later,
-full check gives (same key, value, expectation and example), in a fraction of a second.
+(``model.name=cnnn``, ``data.partition=dirichlett``, ``executor=vectorised``), a number outside
+its range (``rounds=0``, ``comfedl.lr=-1``), an updater or seed given twice. Each refusal is the
+one line the later, full check gives (same key, value, expectation and example), in a fraction
+of a second.
 
 The enumerations are not copied here: :func:`lit_fedco.config.schema.value_checks` reads them
 from the modules that define them (``MODELS``, the data names, the executors, ...) into the
@@ -19,6 +20,10 @@ from typing import Any
 from omegaconf import DictConfig
 
 from lit_fedco.core.errors import ConfigError
+from lit_fedco.core.ranges import Bound
+
+LIMITS = {"gt", "ge", "lt", "le"}
+"""The keys of a range check (:class:`~lit_fedco.core.ranges.Bound`'s limits)."""
 
 
 def value_at(cfg: DictConfig, dotted: str) -> Any:
@@ -35,8 +40,8 @@ def check_one(key: str, value: Any, check: dict[str, Any]) -> None:
     """One of the catalog's ``checks`` on the value of ``key``.
 
     Raises:
-        ConfigError: a name outside the enumeration (with the near miss, if any), an int below
-            the range.
+        ConfigError: a name outside the enumeration (with the near miss, if any), a number
+            outside the range.
     """
     if "one_of" in check:
         refs = check.get("refs", False) and ":" in str(value)  # MODULE:NAME, checked later
@@ -44,8 +49,8 @@ def check_one(key: str, value: Any, check: dict[str, Any]) -> None:
             close = difflib.get_close_matches(str(value), check["one_of"], n=1)
             example = close[0] if close else check["example"]  # the near miss, if any
             raise ConfigError.bad_value(key, value, check["expected"], example)
-    elif "min" in check and isinstance(value, int) and value < check["min"]:
-        raise ConfigError.bad_value(key, value, check["expected"], check["example"])
+    elif LIMITS & set(check):
+        Bound(**check).check(key, value)
 
 
 def check_repeats(cfg: Any) -> None:

@@ -3,14 +3,85 @@
 failures, the run's and the pool's checks), each written once here so both refuse a value in
 the same line.
 
+Hyperparameters and problem parameters declare their numeric ranges as :class:`Bound` values
+(an ``Hparams`` or ``ProblemParams`` subclass's ``bounds``): their dataclass checks them when it
+is built (:func:`check_bounds`), and the catalog carries them
+(:func:`lit_fedco.config.schema.value_checks`) so that the command line refuses the same value
+in the same words before torch is imported.
+
 Imports: the standard library and :mod:`lit_fedco.core.errors`; never torch.
 """
 
 from __future__ import annotations
 
 import os
+from dataclasses import asdict, dataclass
+from typing import Any
 
 from lit_fedco.core.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class Bound:
+    """The range of a numeric config key: each limit given holds (``gt``: value > gt, ``ge``:
+    value >= ge, ``lt``: value < lt, ``le``: value <= le).
+
+    Attributes:
+        expected: what the refusal says is expected (``"a float > 0 (γ)"``).
+        example: a valid value, for the refusal's ``set e.g.`` (``"0.5"``).
+        gt / ge / lt / le: the limits; None: that side is open.
+    """
+
+    expected: str
+    example: str
+    gt: float | None = None
+    ge: float | None = None
+    lt: float | None = None
+    le: float | None = None
+
+    def holds(self, value: Any) -> bool:
+        """Whether ``value`` is within the limits (anything but a number is left to the type
+        checks)."""
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            return True
+        return not (
+            (self.gt is not None and not value > self.gt)
+            or (self.ge is not None and not value >= self.ge)
+            or (self.lt is not None and not value < self.lt)
+            or (self.le is not None and not value <= self.le)
+        )
+
+    def check(self, key: str, value: Any) -> None:
+        """Refuse ``value`` of ``key`` unless it :meth:`holds`.
+
+        Raises:
+            ConfigError: ``key: got VALUE, expected EXPECTED; set e.g. key=EXAMPLE``.
+        """
+        if not self.holds(value):
+            raise ConfigError.bad_value(key, value, self.expected, self.example)
+
+    def as_check(self) -> dict[str, Any]:
+        """The bound as a catalog check (the limits given, ``expected`` and ``example``)."""
+        return {k: v for k, v in asdict(self).items() if v is not None}
+
+
+def declared_bounds(cls: type) -> dict[str, Bound]:
+    """The :class:`Bound` of each key a parameter dataclass declares in ``bounds``, its bases'
+    first (a subclass's bound of a key replaces its base's)."""
+    out: dict[str, Bound] = {}
+    for klass in reversed(cls.__mro__):
+        out.update(vars(klass).get("bounds", {}))
+    return out
+
+
+def check_bounds(params: Any) -> None:
+    """Every declared bound of dataclass instance ``params`` (:func:`declared_bounds`).
+
+    Raises:
+        ConfigError: the first key out of its range, named as the dataclass's field.
+    """
+    for key, bound in declared_bounds(type(params)).items():
+        bound.check(key, getattr(params, key))
 
 
 def per_core_limit() -> int:

@@ -28,6 +28,7 @@ from torch import Tensor, nn
 from torchmetrics import Metric
 
 from lit_fedco.core.errors import ConfigError
+from lit_fedco.core.ranges import Bound, check_bounds
 from lit_fedco.data import BatchSampler, FederatedData
 from lit_fedco.objectives.base import Batch, Objective, Params
 
@@ -39,8 +40,14 @@ class ProblemParams:
     def __post_init__(self) -> None:
         self.validate()
 
+    bounds: ClassVar[dict[str, Bound]] = {}
+    """The numeric range of each key (:class:`~lit_fedco.core.ranges.Bound`), checked when the
+    dataclass is built and, for the problems lit_fedco ships, before torch is imported."""
+
     def validate(self) -> None:
-        """Range checks; raise :class:`ConfigError` naming the key. Extend in subclasses."""
+        """Check the :attr:`bounds`; raise :class:`ConfigError` naming the key. Extend in
+        subclasses with checks a range cannot say (``self.require``)."""
+        check_bounds(self)
 
     def require(self, field: str, ok: bool, expected: str, example: str) -> None:
         """Raise a :class:`ConfigError` for ``field`` unless ``ok``."""

@@ -5,12 +5,14 @@ surrogate needs positives in every batch and whose clients are scored by average
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 from torch import nn
 from torchmetrics import Metric
 
 from lit_fedco.core.metrics import PooledAccuracyAtPrior, PooledAveragePrecision
+from lit_fedco.core.ranges import Bound
 from lit_fedco.data import BatchSampler, FederatedData, PositiveSampler
 from lit_fedco.objectives.base import Batch, Objective
 from lit_fedco.objectives.conditional import AUCMinMax, AveragePrecision, InvariantLogReg, ScoreERM
@@ -33,11 +35,12 @@ class InvariantLogRegParams(ProblemParams):
     lam: float = 0.001
     gamma: float = 10.0
 
-    def validate(self) -> None:
-        self.require("sigma2", self.sigma2 >= 0, "a float >= 0", "1.0")
-        self.require("m", self.m >= 1, "an int >= 1", "10")
-        self.require("lam", self.lam >= 0, "a float >= 0", "0.001")
-        self.require("gamma", self.gamma > 0, "a float > 0", "10")
+    bounds: ClassVar[dict[str, Bound]] = {
+        "sigma2": Bound("a float >= 0", "1.0", ge=0),
+        "m": Bound("an int >= 1", "10", ge=1),
+        "lam": Bound("a float >= 0", "0.001", ge=0),
+        "gamma": Bound("a float > 0", "10", gt=0),
+    }
 
 
 @register_problem("invariant_logreg")
@@ -82,9 +85,10 @@ class AUPRCParams(ProblemParams):
     margin: float = 1.0
     positives: int = 4
 
-    def validate(self) -> None:
-        self.require("margin", self.margin > 0, "a float > 0", "1.0")
-        self.require("positives", self.positives >= 1, "an int >= 1", "4")
+    bounds: ClassVar[dict[str, Bound]] = {
+        "margin": Bound("a float > 0", "1.0", gt=0),
+        "positives": Bound("an int >= 1", "4", ge=1),
+    }
 
 
 @register_problem("auprc")

@@ -5,11 +5,13 @@ union of the clients' data (FedDRO paper §2.1). Their parameters (γ and the fo
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 from torch import Tensor, nn
 from torchmetrics import Metric
 
+from lit_fedco.core.ranges import Bound
 from lit_fedco.objectives.base import Objective
 from lit_fedco.objectives.distributed import (
     DISTRIBUTED_OBJECTIVES,
@@ -34,8 +36,12 @@ class ClientDROParams(ProblemParams):
     gamma: float = 0.5
     form: str = "stable"
 
+    bounds: ClassVar[dict[str, Bound]] = {
+        "gamma": Bound("a float > 0 (γ)", "0.5", gt=0),
+    }
+
     def validate(self) -> None:
-        self.require("gamma", self.gamma > 0, "a float > 0 (γ)", "0.5")
+        super().validate()
         self.require("form", self.form in FORMS, f"one of {FORMS}", "stable")
 
 
@@ -66,10 +72,14 @@ class SampleDROParams(ProblemParams):
     kind: str = "kl"
     lam: float = 1.0
 
+    bounds: ClassVar[dict[str, Bound]] = {
+        "lam": Bound("a float > 0 (λ)", "1.0", gt=0),
+    }
+
     def validate(self) -> None:
+        super().validate()
         kinds = DISTRIBUTED_OBJECTIVES
         self.require("kind", self.kind in kinds, f"one of {kinds}", "kl")
-        self.require("lam", self.lam > 0, "a float > 0 (λ)", "1.0")
 
 
 @register_problem("sample_dro")

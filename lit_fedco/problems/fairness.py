@@ -5,7 +5,7 @@ parameters are the config node ``fairness``."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -14,6 +14,7 @@ from torchmetrics import Metric
 
 from lit_fedco.core.errors import ConfigError
 from lit_fedco.core.metrics import TPRGapViolation
+from lit_fedco.core.ranges import Bound
 from lit_fedco.data import FederatedData
 from lit_fedco.objectives.base import Objective
 from lit_fedco.objectives.fairness import EqualOpportunity, fairness_penalty
@@ -38,11 +39,12 @@ class FairnessParams(ProblemParams):
     slack: float = 0.0
     floor: float = 1e-3
 
-    def validate(self) -> None:
-        self.require("lam", self.lam > 0, "a float > 0 (λ)", "10.0")
-        self.require("tau", self.tau > 0, "a float > 0 (τ)", "0.5")
-        self.require("slack", self.slack >= 0, "a float >= 0 (κ)", "0.0")
-        self.require("floor", self.floor > 0, "a float > 0 (ε)", "1e-3")
+    bounds: ClassVar[dict[str, Bound]] = {
+        "lam": Bound("a float > 0 (λ)", "10.0", gt=0),
+        "tau": Bound("a float > 0 (τ)", "0.5", gt=0),
+        "slack": Bound("a float >= 0 (κ)", "0.0", ge=0),
+        "floor": Bound("a float > 0 (ε)", "1e-3", gt=0),
+    }
 
 
 def num_groups(data: FederatedData) -> int:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import ClassVar
 
 import numpy as np
 import torch
@@ -12,6 +13,7 @@ from torch import Tensor, nn
 from torch.func import vmap
 
 from lit_fedco.core.models import call
+from lit_fedco.core.ranges import Bound
 from lit_fedco.core.seeding import generator
 from lit_fedco.data import BatchSampler, FederatedData, TaskSampler
 from lit_fedco.data.samplers import rows_by_class, sample_task_rows
@@ -44,11 +46,14 @@ class MAMLParams(ProblemParams):
     eval_tasks: int = 10
     first_order: bool = False
 
-    def validate(self) -> None:
-        for key in ("ways", "shots", "queries", "inner_steps", "eval_steps", "eval_tasks"):
-            self.require(key, getattr(self, key) >= 1, "an int >= 1", "5")
-        self.require("ways", self.ways >= 2, "an int >= 2", "5")
-        self.require("inner_lr", self.inner_lr > 0, "a float > 0", "0.4")
+    bounds: ClassVar[dict[str, Bound]] = {
+        "ways": Bound("an int >= 2", "5", ge=2),
+        **{
+            key: Bound("an int >= 1", "5", ge=1)
+            for key in ("shots", "queries", "inner_steps", "eval_steps", "eval_tasks")
+        },
+        "inner_lr": Bound("a float > 0", "0.4", gt=0),
+    }
 
 
 @register_problem("maml")

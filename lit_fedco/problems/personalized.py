@@ -9,9 +9,11 @@ time", as the paper compares it). Ditto is scored with its personal models inste
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 from torch import Tensor, nn
 
+from lit_fedco.core.ranges import Bound
 from lit_fedco.data import FederatedData
 from lit_fedco.objectives.base import Batch, Objective, Params
 from lit_fedco.objectives.dro import FORMS
@@ -46,12 +48,16 @@ class PFLParams(ProblemParams):
     gamma: float = 0.5
     form: str = "stable"
 
+    bounds: ClassVar[dict[str, Bound]] = {
+        "inner_lr": Bound("a float > 0", "0.05", gt=0),
+        "inner_steps": Bound("an int >= 1", "1", ge=1),
+        "eval_steps": Bound("an int >= 1", "1", ge=1),
+        "eval_support": Bound("an int >= 0 (0: batch_size)", "0", ge=0),
+        "gamma": Bound("a float > 0 (γ)", "0.5", gt=0),
+    }
+
     def validate(self) -> None:
-        self.require("inner_lr", self.inner_lr > 0, "a float > 0", "0.05")
-        self.require("inner_steps", self.inner_steps >= 1, "an int >= 1", "1")
-        self.require("eval_steps", self.eval_steps >= 1, "an int >= 1", "1")
-        self.require("eval_support", self.eval_support >= 0, "an int >= 0 (0: batch_size)", "0")
-        self.require("gamma", self.gamma > 0, "a float > 0 (γ)", "0.5")
+        super().validate()
         self.require("form", self.form in FORMS, f"one of {FORMS}", "stable")
 
 

@@ -40,6 +40,7 @@ from lit_fedco.core.autodiff import grad_and_value, stacked_grad_and_value
 from lit_fedco.core.errors import ConfigError
 from lit_fedco.core.model_stats import running_stats
 from lit_fedco.core.protocol import LOCAL_STATS, Probe, RoundContext, RoundInfo, StepInfo, Sync
+from lit_fedco.core.ranges import Bound, check_bounds
 from lit_fedco.core.server_opt import ServerOptConfig
 from lit_fedco.core.state import State
 from lit_fedco.objectives.base import Batch, Context, Objective, model_params
@@ -60,15 +61,21 @@ class Hparams:
     lr: float = 0.01
     local_steps: int = 0
 
+    bounds: ClassVar[dict[str, Bound]] = {
+        "lr": Bound("a float > 0", "0.01", gt=0),
+        "local_steps": Bound("an int >= 0 (0: the run's local_steps)", "0", ge=0),
+    }
+    """The numeric range of each key (:class:`~lit_fedco.core.ranges.Bound`), checked when the
+    dataclass is built and, for the updaters lit_fedco ships, before torch is imported (the
+    catalog carries them); a subclass's entries add to its bases' (or replace one's)."""
+
     def __post_init__(self) -> None:
         self.validate()
 
     def validate(self) -> None:
-        """Check ranges; raise :class:`ConfigError` naming the key. Extend in subclasses."""
-        self.require("lr", self.lr > 0, "a float > 0", "0.01")
-        self.require(
-            "local_steps", self.local_steps >= 0, "an int >= 0 (0: the run's local_steps)", "0"
-        )
+        """Check the :attr:`bounds`; raise :class:`ConfigError` naming the key. Extend in
+        subclasses with checks a range cannot say (``self.require``)."""
+        check_bounds(self)
 
     def require(self, field: str, ok: bool, expected: str, example: str) -> None:
         """Raise a :class:`ConfigError` for ``field`` unless ``ok``."""
@@ -372,9 +379,9 @@ class ServerOptHparams(Hparams):
 
     server_lr: float = 1.0
 
-    def validate(self) -> None:
-        super().validate()
-        self.require("server_lr", self.server_lr > 0, "a float > 0 (η)", "0.01")
+    bounds: ClassVar[dict[str, Bound]] = {
+        "server_lr": Bound("a float > 0 (η)", "0.01", gt=0),
+    }
 
     def server_opt(self, name: str) -> ServerOptConfig:
         """The server optimizer ``name`` with these hyperparameters: here the step size; a

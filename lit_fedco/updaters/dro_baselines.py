@@ -40,6 +40,7 @@ from torch.func import grad
 
 from lit_fedco.core.errors import ConfigError
 from lit_fedco.core.protocol import Probe, RoundContext, RoundInfo, StepInfo, Sync
+from lit_fedco.core.ranges import Bound
 from lit_fedco.core.seeding import generator
 from lit_fedco.core.state import State, tree_axpy
 from lit_fedco.objectives.base import Batch, Context, Params
@@ -81,12 +82,15 @@ class FastDROHparams(MBSGDHparams):
     mlmc_levels: int = 2
     mlmc_doubling: float = 0.5
 
+    bounds: ClassVar[dict[str, Bound]] = {
+        "mlmc_levels": Bound("an int >= 1 (J_max)", "2", ge=1),
+        "mlmc_doubling": Bound("a float in (0, 1)", "0.5", gt=0, lt=1),
+    }
+
     def validate(self) -> None:
         super().validate()
         est = FASTDRO_ESTIMATORS
         self.require("estimator", self.estimator in est, f"one of {est}", "minibatch")
-        self.require("mlmc_levels", self.mlmc_levels >= 1, "an int >= 1 (J_max)", "2")
-        self.require("mlmc_doubling", 0 < self.mlmc_doubling < 1, "a float in (0, 1)", "0.5")
 
 
 def level_probabilities(levels: int, doubling: float) -> list[float]:
@@ -266,11 +270,11 @@ class PDSGDHparams(MBSGDHparams):
     beta: float = 1.0
     dual_init: float = 1.0
 
-    def validate(self) -> None:
-        super().validate()
-        self.require("lr_dual", self.lr_dual > 0, "a float > 0 (ρ)", "0.5")
-        self.require("beta", self.beta > 0, "a float > 0 (β)", "1.0")
-        self.require("dual_init", self.dual_init >= 0, "a float >= 0 (z⁰)", "1.0")
+    bounds: ClassVar[dict[str, Bound]] = {
+        "lr_dual": Bound("a float > 0 (ρ)", "0.5", gt=0),
+        "beta": Bound("a float > 0 (β)", "1.0", gt=0),
+        "dual_init": Bound("a float >= 0 (z⁰)", "1.0", ge=0),
+    }
 
 
 @register("pdsgd")

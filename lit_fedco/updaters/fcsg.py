@@ -36,6 +36,7 @@ from torch import Tensor, nn
 from torch.func import grad, grad_and_value
 
 from lit_fedco.core.protocol import RoundContext, RoundInfo, StepInfo, Sync
+from lit_fedco.core.ranges import Bound
 from lit_fedco.core.state import (
     State,
     tree_axpy,
@@ -89,10 +90,10 @@ class FCSGMHparams(Hparams):
     beta: float = 0.1
     init_batches: int = 1
 
-    def validate(self) -> None:
-        super().validate()
-        self.require("beta", 0 < self.beta <= 1, "a float in (0, 1]", "0.1")
-        self.require("init_batches", self.init_batches >= 1, "an int >= 1", "4")
+    bounds: ClassVar[dict[str, Bound]] = {
+        "beta": Bound("a float in (0, 1]", "0.1", gt=0, le=1),
+        "init_batches": Bound("an int >= 1", "4", ge=1),
+    }
 
 
 # ---------------------------------------------------------------------- FCSG family
@@ -202,10 +203,10 @@ class LocalSCGDHparams(Hparams):
     beta: float = 0.5
     momentum: float = 0.5
 
-    def validate(self) -> None:
-        super().validate()
-        self.require("beta", 0 < self.beta <= 1, "a float in (0, 1]", "0.5")
-        self.require("momentum", 0 < self.momentum <= 1, "a float in (0, 1]", "0.5")
+    bounds: ClassVar[dict[str, Bound]] = {
+        "beta": Bound("a float in (0, 1]", "0.5", gt=0, le=1),
+        "momentum": Bound("a float in (0, 1]", "0.5", gt=0, le=1),
+    }
 
 
 @register("local_scgd")
@@ -287,12 +288,12 @@ class CODAHparams(Hparams):
     stage_rounds: int = 50
     decay: float = 1 / 3
 
-    def validate(self) -> None:
-        super().validate()
-        self.require("lr_dual", self.lr_dual > 0, "a float > 0", "0.001")
-        self.require("gamma", self.gamma >= 0, "a float >= 0", "0.002")
-        self.require("stage_rounds", self.stage_rounds >= 1, "an int >= 1", "50")
-        self.require("decay", 0 < self.decay <= 1, "a float in (0, 1]", "0.333")
+    bounds: ClassVar[dict[str, Bound]] = {
+        "lr_dual": Bound("a float > 0", "0.001", gt=0),
+        "gamma": Bound("a float >= 0", "0.002", ge=0),
+        "stage_rounds": Bound("an int >= 1", "50", ge=1),
+        "decay": Bound("a float in (0, 1]", "0.333", gt=0, le=1),
+    }
 
 
 @register("coda_plus")

@@ -21,6 +21,7 @@ from typing import ClassVar
 from torch import Tensor
 
 from lit_fedco.core.protocol import StepInfo
+from lit_fedco.core.ranges import Bound
 from lit_fedco.core.server_opt import ServerOptConfig
 from lit_fedco.core.state import State, foreach_axpy_, tree_axpy
 from lit_fedco.objectives.base import Batch, Context
@@ -77,10 +78,9 @@ class FedAvgMHparams(ServerOptHparams):
 
     server_momentum: float = 0.9
 
-    def validate(self) -> None:
-        super().validate()
-        self.require("server_momentum", 0 <= self.server_momentum < 1, "a float in [0, 1)",
-                     "0.9")  # fmt: skip
+    bounds: ClassVar[dict[str, Bound]] = {
+        "server_momentum": Bound("a float in [0, 1)", "0.9", ge=0, lt=1),
+    }
 
     def server_opt(self, name: str) -> ServerOptConfig:
         """``name`` with the server step size and momentum β."""
@@ -104,11 +104,11 @@ class AdaptiveHparams(ServerOptHparams):
     beta2: float = 0.99
     tau: float = 1e-3
 
-    def validate(self) -> None:
-        super().validate()
-        self.require("beta1", 0 <= self.beta1 < 1, "a float in [0, 1) (β₁)", "0.9")
-        self.require("beta2", 0 <= self.beta2 < 1, "a float in [0, 1) (β₂)", "0.99")
-        self.require("tau", self.tau > 0, "a float > 0 (τ)", "0.001")
+    bounds: ClassVar[dict[str, Bound]] = {
+        "beta1": Bound("a float in [0, 1) (β₁)", "0.9", ge=0, lt=1),
+        "beta2": Bound("a float in [0, 1) (β₂)", "0.99", ge=0, lt=1),
+        "tau": Bound("a float > 0 (τ)", "0.001", gt=0),
+    }
 
     def server_opt(self, name: str) -> ServerOptConfig:
         """``name`` with the server step size, β₁, β₂ and τ (the adaptivity, ``eps``)."""

@@ -35,6 +35,7 @@ from torch.func import grad
 
 from lit_fedco.core.errors import ConfigError
 from lit_fedco.core.protocol import Probe, RoundContext, RoundInfo, StepInfo, Sync
+from lit_fedco.core.ranges import Bound
 from lit_fedco.core.server_opt import sgd_step
 from lit_fedco.core.state import State, tree_axpy, tree_map
 from lit_fedco.objectives.base import Batch, Context, Params
@@ -64,10 +65,10 @@ class DistributedHparams(Hparams):
     lr_decay_round: int = 0
     lr_decay: float = 0.1
 
-    def validate(self) -> None:
-        super().validate()
-        self.require("lr_decay_round", self.lr_decay_round >= 0, "an int >= 0 (0: never)", "90")
-        self.require("lr_decay", self.lr_decay > 0, "a float > 0", "0.1")
+    bounds: ClassVar[dict[str, Bound]] = {
+        "lr_decay_round": Bound("an int >= 0 (0: never)", "90", ge=0),
+        "lr_decay": Bound("a float > 0", "0.1", gt=0),
+    }
 
 
 @dataclass(frozen=True)
@@ -81,9 +82,9 @@ class FedDROHparams(DistributedHparams):
 
     beta: float = 0.1
 
-    def validate(self) -> None:
-        super().validate()
-        self.require("beta", 0 < self.beta <= 1, "a float in (0, 1]", "0.1")
+    bounds: ClassVar[dict[str, Bound]] = {
+        "beta": Bound("a float in (0, 1]", "0.1", gt=0, le=1),
+    }
 
 
 @dataclass(frozen=True)
@@ -99,10 +100,10 @@ class DSFedDROHparams(FedDROHparams):
     gamma_x: float = 1.0
     gamma_y: float = 1.0
 
-    def validate(self) -> None:
-        super().validate()
-        self.require("gamma_x", self.gamma_x > 0, "a float > 0 (γ_x)", "1.3")
-        self.require("gamma_y", self.gamma_y > 0, "a float > 0 (γ_y)", "1.4")
+    bounds: ClassVar[dict[str, Bound]] = {
+        "gamma_x": Bound("a float > 0 (γ_x)", "1.3", gt=0),
+        "gamma_y": Bound("a float > 0 (γ_y)", "1.4", gt=0),
+    }
 
 
 @dataclass(frozen=True)

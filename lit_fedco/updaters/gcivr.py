@@ -54,6 +54,7 @@ from torch import Tensor, nn
 from torch.func import jacrev
 
 from lit_fedco.core.protocol import Probe, RoundContext, RoundInfo, StepInfo, Sync
+from lit_fedco.core.ranges import Bound
 from lit_fedco.core.state import State, tree_axpy, tree_map
 from lit_fedco.objectives.base import Batch, Context, Objective, Params
 from lit_fedco.updaters.base import register
@@ -79,10 +80,10 @@ class GCIVRHparams(MBSGDHparams):
     q: int = 8
     refresh_batches: int = 8
 
-    def validate(self) -> None:
-        super().validate()
-        self.require("q", self.q >= 1, "an int >= 1 (the refresh period)", "8")
-        self.require("refresh_batches", self.refresh_batches >= 1, "an int >= 1 (J)", "8")
+    bounds: ClassVar[dict[str, Bound]] = {
+        "q": Bound("an int >= 1 (the refresh period)", "8", ge=1),
+        "refresh_batches": Bound("an int >= 1 (J)", "8", ge=1),
+    }
 
 
 def civr_estimate(previous: Tensor, change: Tensor) -> Tensor:

@@ -26,6 +26,7 @@ from torch.func import grad
 from lit_fedco.core.errors import ConfigError
 from lit_fedco.core.models import BATCH_STATISTICS_MODELS
 from lit_fedco.core.protocol import RoundInfo, StepInfo, Sync
+from lit_fedco.core.ranges import Bound
 from lit_fedco.core.state import State, tree_axpy, tree_sub
 from lit_fedco.objectives.base import Batch, Context, Objective
 from lit_fedco.objectives.maml import per_fedavg_direction
@@ -121,10 +122,10 @@ class DittoHparams(Hparams):
     personal_lr: float = 0.2
     lam: float = 0.1
 
-    def validate(self) -> None:
-        super().validate()
-        self.require("personal_lr", self.personal_lr > 0, "a float > 0", "0.2")
-        self.require("lam", self.lam >= 0, "a float >= 0", "0.1")
+    bounds: ClassVar[dict[str, Bound]] = {
+        "personal_lr": Bound("a float > 0", "0.2", gt=0),
+        "lam": Bound("a float >= 0", "0.1", ge=0),
+    }
 
 
 @register("ditto")

@@ -28,6 +28,7 @@ from torch import Tensor
 
 from lit_fedco.core.model_stats import running_stats
 from lit_fedco.core.protocol import RoundContext, RoundInfo, StepInfo, Sync
+from lit_fedco.core.ranges import Bound
 from lit_fedco.core.state import State, tree_leaves, tree_map, tree_scale, tree_sub
 from lit_fedco.objectives.base import Batch, Context
 from lit_fedco.updaters.base import Hparams, register
@@ -50,9 +51,9 @@ class QFedAvgHparams(Hparams):
 
     q: float = 0.2
 
-    def validate(self) -> None:
-        super().validate()
-        self.require("q", self.q >= 0, "a float >= 0", "0.2")
+    bounds: ClassVar[dict[str, Bound]] = {
+        "q": Bound("a float >= 0", "0.2", ge=0),
+    }
 
 
 @register("qfedavg")

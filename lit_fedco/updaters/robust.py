@@ -27,6 +27,7 @@ import torch
 from torch import Tensor
 
 from lit_fedco.core.protocol import Probe, RoundContext, RoundInfo
+from lit_fedco.core.ranges import Bound
 from lit_fedco.core.state import State
 from lit_fedco.updaters.base import Hparams, register
 from lit_fedco.updaters.combine import combine
@@ -59,9 +60,9 @@ class DRFLHparams(Hparams):
 
     lam_lr: float = 0.08
 
-    def validate(self) -> None:
-        super().validate()
-        self.require("lam_lr", self.lam_lr >= 0, "a float >= 0", "0.08")
+    bounds: ClassVar[dict[str, Bound]] = {
+        "lam_lr": Bound("a float >= 0", "0.08", ge=0),
+    }
 
 
 @register("drfl")

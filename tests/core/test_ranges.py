@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from typing import ClassVar
 
 import pytest
 
@@ -87,3 +88,54 @@ def test_the_module_imports_no_torch():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip() == "False"
+
+
+@pytest.mark.parametrize(
+    ("bound", "inside", "outside"),
+    [
+        (ranges.Bound("a float > 0", "1", gt=0), [1e-9, 5], [0, -1.0]),
+        (ranges.Bound("an int >= 1", "1", ge=1), [1, 7], [0, -3]),
+        (ranges.Bound("a float in (0, 1]", "1", gt=0, le=1), [0.5, 1.0], [0.0, 1.01]),
+        (ranges.Bound("a float in [0, 1)", "0", ge=0, lt=1), [0, 0.99], [-0.01, 1]),
+    ],
+)
+def test_a_bound_holds_inside_its_limits_only(bound, inside, outside):
+    assert all(bound.holds(v) for v in inside)
+    assert not any(bound.holds(v) for v in outside)
+    assert bound.holds("abc") and bound.holds(True)  # not numbers: left to the type checks
+
+
+def test_a_bound_refuses_in_the_line_of_a_bad_value_and_travels_as_a_catalog_check():
+    bound = ranges.Bound("a float > 0 (γ)", "0.5", gt=0)
+    assert _message(bound.check, "gamma", -2.0) == (
+        "gamma: got -2.0, expected a float > 0 (γ); set e.g. gamma=0.5"
+    )
+    assert bound.as_check() == {"expected": "a float > 0 (γ)", "example": "0.5", "gt": 0}
+    assert ranges.Bound(**bound.as_check()) == bound
+
+
+def test_a_subclass_adds_to_its_bases_bounds_and_replaces_one():
+    class Base:
+        bounds: ClassVar[dict[str, ranges.Bound]] = {
+            "a": ranges.Bound("an int >= 0", "0", ge=0),
+            "b": ranges.Bound("x", "1", gt=0),
+        }
+
+    class Child(Base):
+        bounds: ClassVar[dict[str, ranges.Bound]] = {
+            "b": ranges.Bound("an int >= 5", "5", ge=5),
+            "c": ranges.Bound("y", "1", lt=2),
+        }
+
+    declared = ranges.declared_bounds(Child)
+    assert list(declared) == ["a", "b", "c"] and declared["b"].ge == 5
+
+    class Params(Child):
+        def __init__(self, a: int, b: int, c: int) -> None:
+            self.a, self.b, self.c = a, b, c
+
+    ranges.check_bounds(Params(0, 5, 1))
+    assert _message(ranges.check_bounds, Params(0, 4, 1)).startswith(
+        "b: got 4, expected an int >= 5"
+    )
+    assert _message(ranges.check_bounds, Params(-1, 4, 3)).startswith("a: got -1")  # bases' first
