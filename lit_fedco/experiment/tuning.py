@@ -134,22 +134,6 @@ def points(cfg: DictConfig) -> list[Point]:
     return out
 
 
-def run_names(cfg: DictConfig) -> tuple[str, str]:
-    """``(comparison, tuning)`` run names; a new run without ``run_name`` gets the start time.
-
-    Raises:
-        ConfigError: ``resume=auto`` without ``run_name`` (which run to continue is ambiguous).
-    """
-    name = str(cfg.run_name)
-    if not name:
-        if cfg.resume or cfg.sub_run >= 0:
-            raise ConfigError.bad_value(
-                "run_name", "", "the run's name (a tuned run continues by name)", "mnist-tuned"
-            )
-        name = time.strftime("%Y%m%d-%H%M%S")
-    return name, name + TUNE_SUFFIX
-
-
 def _quote(text: str) -> str:
     return "'" + text.replace("'", "") + "'"
 
@@ -276,9 +260,9 @@ def run_tuned(
 
 
 class _Phases:
-    """The two phases of a tuned run: their run names and folders, and each one's command line
-    loaded (the run's own, with the phase's items winning). A problem is refused in one line
-    (exit code 2)."""
+    """The two phases of a tuned run: their run names (a new run without ``run_name`` gets the
+    start time) and folders, and each one's command line loaded (the run's own, with the phase's
+    items winning). A problem is refused in one line (exit code 2)."""
 
     def __init__(
         self,
@@ -290,10 +274,11 @@ class _Phases:
     ):
         self.defaults, self.argv, self.cfg, self.grid = defaults, argv, cfg, grid
         self.n_tune = len(grid) * len(cfg.tune.seeds)  # the tuning run's sub-runs
-        try:
-            self.name, self.tune_name = run_names(cfg)
-        except ConfigError as err:
-            refuse(err)
+        if not cfg.run_name and (cfg.resume or cfg.sub_run >= 0):  # which run to continue?
+            what = "the run's name (a tuned run continues by name)"
+            refuse(ConfigError.bad_value("run_name", "", what, "mnist-tuned"))
+        self.name = str(cfg.run_name) or time.strftime("%Y%m%d-%H%M%S")
+        self.tune_name = self.name + TUNE_SUFFIX
         self.tune_dir = Path(cfg.out_dir) / recipe / self.tune_name
         self.run_dir = self.tune_dir.with_name(self.name)
 
@@ -318,7 +303,7 @@ class _Phases:
         """The tuning run's command line and config: a variant per grid point, on the tuning
         seeds, continued where it has started (one sub-run of it where ``sub_run`` is)."""
         cfg, sub = self.cfg, int(self.cfg.sub_run)
-        resume = (bool(cfg.resume) or sub >= 0) and holds(self.tune_dir)
+        resume = (bool(cfg.resume) or sub >= 0) and (self.tune_dir / "config.yaml").is_file()
         items = [
             "tune.grid=[]",
             "variants=[" + ",".join(_quote(p.variant) for p in self.grid) + "]",
@@ -348,7 +333,8 @@ class _Phases:
         if sub >= 0:
             items.append(f"sub_run={sub - self.n_tune}")
         else:
-            items.append(f"resume={'auto' if cfg.resume and holds(self.run_dir) else ''}")
+            resume = cfg.resume and (self.run_dir / "config.yaml").is_file()  # holds a run
+            items.append(f"resume={'auto' if resume else ''}")
         return (record, *self.loaded(items))
 
 
@@ -356,8 +342,3 @@ def refuse(err: ConfigError) -> NoReturn:
     """End the process with exit code 2 and ``err`` in one line (as the command line does)."""
     print(f"lit_fedco: {err}", file=sys.stderr)
     raise SystemExit(2)
-
-
-def holds(run_dir: Path) -> bool:
-    """Whether ``run_dir`` holds a run already (its ``config.yaml``)."""
-    return (run_dir / "config.yaml").is_file()
