@@ -68,13 +68,18 @@ def _shipped_presets() -> list[tuple[str, str]]:
 
 @pytest.mark.parametrize(("preset", "recipe"), _shipped_presets())
 def test_every_shipped_preset_and_each_of_its_variants_validates(preset, recipe):
-    """Keys against the schema, and every updater's hyperparameters against their ranges."""
+    """Keys against the schema, the checks made before torch (every shipped node's ranges
+    among them), and every updater's hyperparameters against their ranges."""
     import importlib
+
+    from lit_fedco.config.early import check_values
 
     defaults = importlib.import_module(f"lit_fedco.recipes.{recipe}").DEFAULTS
     cfg = load_config([f"preset={preset}"], defaults)
+    check_values(cfg)
     for variant in [*cfg.variants, ""]:
         c = load_config([f"preset={preset}", *variant.split()], defaults)
+        check_values(c)
         for name in c.updaters:
             node_params(c, name)
         for name in {problem_name(c, u) for u in c.updaters} - {""}:
