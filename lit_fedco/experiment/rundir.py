@@ -27,6 +27,7 @@ import time
 from pathlib import Path
 
 from lit_fedco.core.errors import ConfigError
+from lit_fedco.process.workers import end_with_launcher
 
 RUN_DIR_ENV = "LIT_FEDCO_RUN_DIR"
 """Set by the launching process so that the processes Fabric starts share its run folder."""
@@ -52,8 +53,6 @@ def check_child(run_dir: str) -> None:
             f"{RUN_DIR_ENV} (lit_fedco sets it only for the processes a run starts)",
             key=RUN_DIR_ENV,
         )
-    from lit_fedco.process.workers import end_with_launcher
-
     end_with_launcher(int(owner))  # a process Fabric started ends with the run that started it
 
 
@@ -84,7 +83,9 @@ def check_writable(out_dir: Path, recipe: str = "") -> None:
             "out_dir", str(out_dir), f"a folder, but {probe} is a file", "runs"
         )
     try:  # a real probe: permissions, read-only filesystems and a full disk all show here
-        _probe_write(probe)
+        with tempfile.NamedTemporaryFile(dir=probe, prefix=".lit_fedco-probe-") as file:
+            file.write(b"\0" * PROBE_BYTES)
+            file.flush()
     except OSError as err:
         raise ConfigError.bad_value(
             "out_dir", str(out_dir), f"a writable folder ({probe}: {err.strerror or err})", "runs"
@@ -92,19 +93,8 @@ def check_writable(out_dir: Path, recipe: str = "") -> None:
 
 
 PROBE_BYTES = 4096
-"""What :func:`check_writable` writes: a block's worth, since an empty folder or file needs no
-room on a full disk (a full tmpfs takes both)."""
-
-
-def _probe_write(folder: Path) -> None:
-    """Create, fill with :data:`PROBE_BYTES` and remove a hidden file in ``folder``.
-
-    Raises:
-        OSError: the folder cannot take it (permissions, read-only, full).
-    """
-    with tempfile.NamedTemporaryFile(dir=folder, prefix=".lit_fedco-probe-") as probe:
-        probe.write(b"\0" * PROBE_BYTES)
-        probe.flush()
+"""What :func:`check_writable` writes in a hidden file it removes: a block's worth, since an
+empty folder or file needs no room on a full disk (a full tmpfs takes both)."""
 
 
 def holds_run(path: Path) -> bool:
