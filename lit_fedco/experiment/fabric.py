@@ -104,15 +104,15 @@ def check_fabric(cfg: DictConfig) -> None:
             "num_nodes", cfg.num_nodes, "1 outside a multi-node environment (SLURM, torchrun, "
             "LSF, MPI, or NODE_RANK and MASTER_ADDR set on every node)", "1",
         )  # fmt: skip
-    if cfg.devices * cfg.num_nodes > 1:
-        _check_master_port(cfg.num_nodes == 1)
+    _check_port_free(cfg)
+    settings = fabric_settings(cfg)
     try:
-        Fabric(**fabric_settings(cfg))  # builds the connector and strategy; launches nothing
+        Fabric(**settings)  # builds the connector and strategy; launches nothing
     except Exception as err:
-        settings = ", ".join(f"{k}={v}" for k, v in fabric_settings(cfg).items())
+        shown = ", ".join(f"{k}={v}" for k, v in settings.items())
         first = (str(err).splitlines() or [type(err).__name__])[0]
         raise ConfigError(
-            f"accelerator: Lightning Fabric refuses {settings} ({first}); "
+            f"accelerator: Lightning Fabric refuses {shown} ({first}); "
             "change these keys, e.g. accelerator=cpu devices=1 strategy=auto",
             key="accelerator",
         ) from None
@@ -146,22 +146,20 @@ def launch_rank(cfg: DictConfig) -> int | None:
     return None
 
 
-def _check_master_port(local: bool) -> None:
-    """``MASTER_PORT``, when set: a port number, and on one node one that is free."""
+def _check_port_free(cfg: DictConfig) -> None:
+    """``MASTER_PORT``, when set for several processes on one node, is free here (that it is a
+    port number, :func:`~lit_fedco.process.launch_env.check_launch_env` checked)."""
     value = os.environ.get("MASTER_PORT")
-    if value is None:
+    if value is None or cfg.devices == 1 or cfg.num_nodes > 1:
         return
-    if not value.strip().isdigit() or not 1 <= int(value) <= 65535:
-        raise ConfigError.bad_value("MASTER_PORT", value, "a TCP port in [1, 65535]", "29500")
-    if local:
-        with socket.socket() as sock:
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as torch's TCPStore
-            try:
-                sock.bind(("", int(value)))
-            except OSError as err:
-                raise ConfigError(
-                    f"MASTER_PORT: got {value!r}, but the port cannot be used here "
-                    f"({err.strerror or err}; another run?); unset MASTER_PORT to let Fabric "
-                    "pick a free one, or choose another",
-                    key="MASTER_PORT",
-                ) from None
+    with socket.socket() as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as torch's TCPStore
+        try:
+            sock.bind(("", int(value)))
+        except OSError as err:
+            raise ConfigError(
+                f"MASTER_PORT: got {value!r}, but the port cannot be used here "
+                f"({err.strerror or err}; another run?); unset MASTER_PORT to let Fabric "
+                "pick a free one, or choose another",
+                key="MASTER_PORT",
+            ) from None
