@@ -103,27 +103,13 @@ def stop_requested(fabric: Fabric, comm: Comm) -> int:
     of them stop after the same round: the requests that travelled in the round's aggregation
     (:meth:`~lit_fedco.engine.round.Comm.carry`, given :func:`stop_request` before the round), with
     no collective of their own; one collective only if no collective took them."""
-    mine = first_request()
-    if fabric.world_size == 1:
-        return mine
-    if comm.carried is not None:
-        hits = torch.nonzero(comm.carried.cpu() > 0.5).flatten()
-        return int(hits[-1]) if len(hits) else 0
-    got = fabric.all_reduce(torch.tensor([float(mine)]), reduce_op="max")
-    return int(got.item())  # type: ignore[union-attr]
+    if fabric.world_size == 1 or comm.carried is None:
+        return agree(fabric, first_request())
+    hits = torch.nonzero(comm.carried.cpu() > 0.5).flatten()
+    return int(hits[-1]) if len(hits) else 0
 
 
 # ---------------------------------------------------------------------- checkpoints
-def content(loop: FederatedLoop, identity: dict[str, Any]) -> dict[str, Any]:
-    """A checkpoint's content: the loop's state and what it belongs to."""
-    return {
-        **identity,
-        "lit_fedco": VERSION,
-        "rounds_scheduled": loop.cfg.rounds,
-        "loop": loop.state_dict(),
-    }
-
-
 def finite(state: dict[str, Any]) -> bool:
     """Whether every entry of a loop state's (:meth:`FederatedLoop.state_dict`) server state and
     clients' kept state is finite."""
@@ -293,7 +279,13 @@ class SubRun:
         """A checkpoint of the loop now (every process calls it; rank 0 writes; never of a
         diverged state)."""
         loop, folder_ck = self.loop, self.folder / "checkpoints"
-        state = content(loop, self.identity)  # every process: the kept state is gathered here
+        # the loop's state and what it belongs to (every process: the kept state is gathered)
+        state = {
+            **self.identity,
+            "lit_fedco": VERSION,
+            "rounds_scheduled": loop.cfg.rounds,
+            "loop": loop.state_dict(),
+        }
         if not self.rank0 or not finite(state["loop"]) or self.failed:
             return None
         path = folder_ck / ckpt.name_of(loop.round)
@@ -386,8 +378,7 @@ class SubRun:
             self.loggers, "success" if outcome in ("complete", "diverged") else "failed"
         )
         if self.history is not None:
-            history = self.history
-            self.write(str(history.csv), history.close)
+            self.write(str(self.history.csv), self.history.close)
         if self.rank0:
             last = str(self.last_good) if self.last_good else None
             self.write_status(state=outcome, round=self.loop.round, last_checkpoint=last)
@@ -400,10 +391,10 @@ def run_sub(
     seed: int,
     recipe: str,
     folder: Path,
-    resume_from: Path | None = None,
-    announce: bool = False,
-    init: dict[str, Any] | None = None,
-    built: Assembly | None = None,
+    resume_from: Path | None,
+    announce: bool,
+    init: dict[str, Any] | None,
+    built: Assembly,
     note: dict[str, Any] | None = None,
 ) -> tuple[dict[str, float], FederatedLoop]:
     """Run updater ``name`` with ``seed`` into ``folder``, from ``resume_from`` if given; its
@@ -422,6 +413,6 @@ def run_sub(
         WriteFailed: a file could not be written; the run stopped after the round.
         ckpt.CheckpointError: ``resume_from`` does not belong to this run.
     """
-    sub = SubRun(fabric, cfg, name, seed, recipe, folder, init, built or Assembly())
+    sub = SubRun(fabric, cfg, name, seed, recipe, folder, init, built)
     sub.open(resume_from, announce, note or {})
     return sub.run(), sub.loop
