@@ -1,13 +1,9 @@
-"""Runs a recipe: config → checks → run folder → Fabric → one sub-run per (variant, updater,
-seed) → table.
+"""Runs a recipe whose command line :mod:`lit_fedco.cli` parsed and loaded: config → checks →
+run folder → Fabric → one sub-run per (variant, updater, seed) → table (:func:`run_recipe`).
 
-Recipes (``lit_fedco/recipes/<name>.py``) are thin: they pass their defaults to
-:func:`lit_fedco.cli.main`, which parses and loads the command line and calls
-:func:`run_recipe`. Every input error ends the process with exit code 2 and one line, before
-any process starts or file is written; then the run gets a folder of its own
-(:mod:`lit_fedco.experiment.rundir`), its sub-runs checkpoint as they go
-(:mod:`lit_fedco.experiment.session`), and ``resume=auto run_name=NAME`` continues a run that was
-stopped or killed.
+The run gets a folder of its own (:mod:`lit_fedco.experiment.rundir`), its sub-runs checkpoint as
+they go (:mod:`lit_fedco.experiment.session`), and ``resume=auto run_name=NAME`` continues a run
+that was stopped or killed.
 """
 
 from __future__ import annotations
@@ -68,8 +64,7 @@ def run_recipe(
     callbacks: list[Any] | None = None,
     evaluated_on: str = "validation",
 ) -> list[Any]:
-    """Run a recipe whose command line was parsed and loaded (:func:`lit_fedco.cli.run`, the
-    entry point, calls it): check, plan, run each (variant, seed, updater), print the table and
+    """Check, plan and run each (variant, seed, updater) of a recipe, then print the table and
     save it with the results in the run folder.
 
     In steps:
@@ -89,19 +84,16 @@ def run_recipe(
     ``val/`` metrics are measured on ("validation", or "test" for a recipe whose held-out data
     is a test set), in the table's title, the results and the figures' labels.
     """
-    built = Assembly()
-    held: list[Any] = []
+    held: list[Any] = []  # the locks on the run folder, released however the run ends
     try:
-        role = role_of(cfg, recipe)  # 1
-        spec = _spec(recipe, cmd, cfg, built)  # 2
-        _check(role, spec)  # 3
-        run_dir, plan = _place(role, spec, held)  # 4
-    except ConfigError as err:
-        for lock in held:
-            lock.release()
-        print(f"lit_fedco: {err}", file=sys.stderr)
-        raise SystemExit(2) from None
-    try:
+        try:
+            role = role_of(cfg, recipe)  # 1
+            spec = _spec(recipe, cmd, cfg, Assembly())  # 2
+            _check(role, spec)  # 3
+            run_dir, plan = _place(role, spec, held)  # 4
+        except ConfigError as err:
+            print(f"lit_fedco: {err}", file=sys.stderr)
+            raise SystemExit(2) from None
         if role.pool:  # 5
             run_pool(spec, cmd, plan, run_dir)
             plan = _finished(run_dir, spec)
@@ -236,7 +228,12 @@ def _execute(run: _Run, callbacks: list[Any] | None) -> list[Any]:
     if run.spec.cfg.shard_data:  # each process keeps the rows of the clients it owns
         run.spec.built.shard(fabric.global_rank, fabric.world_size)
     rows = _run(run, fabric)
-    _shut_down(fabric)
+    # several processes: once rank 0 has written the results and figures, each closes the
+    # process group (one that exits with the collectives' threads still running aborts)
+    if fabric.world_size > 1:
+        fabric.barrier()
+        if torch.distributed.is_initialized():
+            torch.distributed.destroy_process_group()
     return rows
 
 
@@ -278,12 +275,11 @@ def _run(run: _Run, fabric: Any) -> list[Any]:
                 print(f"lit_fedco: {err}; make room and continue with: {run.again()}",
                       file=sys.stderr)  # fmt: skip
             raise SystemExit(1) from None
-    if cfg.sub_run >= 0:
-        if rank0:
-            spec = mine[0]
-            print(f"lit_fedco: sub-run {spec.number} ({spec.folder}) of {run_dir} is complete; "
-                  f"once every sub-run is, {run.again()} writes the run's table, results and "
-                  "figures")  # fmt: skip
+    if rank0 and cfg.sub_run >= 0:
+        spec = mine[0]
+        print(f"lit_fedco: sub-run {spec.number} ({spec.folder}) of {run_dir} is complete; "
+              f"once every sub-run is, {run.again()} writes the run's table, results and "
+              "figures")  # fmt: skip
     elif rank0:
         _finish(run)
     return list(run.rows.items())
@@ -364,13 +360,3 @@ def _figures(cfg: DictConfig, run_dir: Path, recipe: str) -> None:
     pngs = [p for p in done["files"] if p.suffix == ".png"]
     if pngs:
         log_figures(list(cfg.tracking), run_dir, f"{recipe}-figures", cfg.project, pngs)
-
-
-def _shut_down(fabric: Any) -> None:
-    """With several processes: wait until rank 0 has written the results and figures, then
-    close the process group on every rank, so that no process exits with the collectives'
-    threads still running (which aborts it)."""
-    if fabric.world_size > 1:
-        fabric.barrier()
-        if torch.distributed.is_initialized():
-            torch.distributed.destroy_process_group()
