@@ -21,6 +21,10 @@ from lit_fedco.config.load import load
 from lit_fedco.config.parser import parse
 from lit_fedco.config.plugins import import_plugins
 from lit_fedco.core.errors import ConfigError
+from lit_fedco.core.ranges import check_jobs
+from lit_fedco.experiment.rundir import RUN_DIR_ENV
+from lit_fedco.process.forking import can_fork
+from lit_fedco.process.workers import WORKER_ENV, exit_now, prestart, program_is_a_recipe
 
 
 def refuse(err: ConfigError) -> None:
@@ -62,13 +66,16 @@ def run(
             check_values(cfg)
     except ConfigError as err:
         refuse(err)
-    if cmd.help == "sub-runs" or (_tunes(cfg) and not cmd.help):
-        if _tunes(cfg):  # a tuning run's sub-runs, then the comparison's
-            from lit_fedco.experiment.tuning import run_tuned
+    # a tuned run's two phases (tune.grid), or their listing; a worker or a process of one of
+    # its runs runs one phase's sub-run
+    inner = os.environ.get(RUN_DIR_ENV) or os.environ.get(WORKER_ENV)
+    if list(cfg.tune.grid) and not inner and cmd.help in ("", "sub-runs"):
+        from lit_fedco.experiment.tuning import run_tuned
 
-            return run_tuned(recipe, defaults, argv, cmd, cfg, _launch, _list_sub_runs,
-                             columns=columns, callbacks=callbacks,
-                             evaluated_on=evaluated_on)  # fmt: skip
+        return run_tuned(recipe, defaults, argv, cmd, cfg, _launch, _list_sub_runs,
+                         columns=columns, callbacks=callbacks,
+                         evaluated_on=evaluated_on)  # fmt: skip
+    if cmd.help == "sub-runs":
         return _list_sub_runs(cmd, cfg)
     if cmd.help:
         from omegaconf import OmegaConf
@@ -79,13 +86,6 @@ def run(
         print(render(recipe, defaults, shown, cmd.help == "all"), end="")
         return []
     return _launch(recipe, cmd, cfg, columns, callbacks, evaluated_on)
-
-
-def _tunes(cfg: Any) -> bool:
-    """Whether this process runs a tuned run's two phases (``tune.grid``): not a worker or a
-    process of one of its runs, which each run one phase's sub-run."""
-    inner = os.environ.get("LIT_FEDCO_RUN_DIR") or os.environ.get("LIT_FEDCO_JOBS_WORKER")
-    return bool(list(cfg.tune.grid)) and not inner
 
 
 def _launch(
@@ -100,10 +100,11 @@ def _launch(
     """Run the loaded config (:func:`~lit_fedco.experiment.runner.run_recipe`), with the
     ``jobs=N`` workers started first. ``may_fork=False``: this process has run torch operations
     already (a tuned run's second phase), so they are started beside it, not forked."""
-    launcher = cfg.jobs > 1 and cfg.sub_run < 0 and not os.environ.get("LIT_FEDCO_RUN_DIR")
-    from lit_fedco.process.forking import can_fork
-
-    fork = launcher and may_fork and can_fork() and _only_our_code(cfg)
+    launcher = cfg.jobs > 1 and cfg.sub_run < 0 and not os.environ.get(RUN_DIR_ENV)
+    # forked only where nothing but lit_fedco's own code has run here (one of its recipes, no
+    # plugins): a fork after torch's thread pool has started can hang the child's first parallel
+    # operation (GNU OpenMP), and a script or module of one's own may have computed at import
+    fork = launcher and may_fork and can_fork() and program_is_a_recipe() and not list(cfg.plugins)
     if launcher and not fork:
         _prestart_workers(cmd, cfg, fork=False)  # they import torch while this process does
     from lit_fedco.experiment.runner import run_recipe
@@ -135,8 +136,6 @@ def main(recipe: str, defaults: dict[str, Any], **options: Any) -> NoReturn:
     others = [t for t in threading.enumerate() if t is not threading.main_thread()]
     if any(t.is_alive() and not t.daemon for t in others):
         raise SystemExit(0)
-    from lit_fedco.process.workers import exit_now
-
     exit_now(0)
 
 
@@ -150,22 +149,18 @@ class _ReaderMayLeave:
     def write(self, text: str) -> int:
         try:
             return int(self._stream.write(text))
-        except BrokenPipeError:
-            self._drop()
-        except OSError as err:  # /dev/full, a closed or failing stdout: said once, then dropped
+        except OSError as err:
             self._drop(err)
         return len(text)
 
     def flush(self) -> None:
         try:
             self._stream.flush()
-        except BrokenPipeError:
-            self._drop()
         except OSError as err:
             self._drop(err)
 
-    def _drop(self, err: OSError | None = None) -> None:
-        if err is not None:
+    def _drop(self, err: OSError) -> None:
+        if not isinstance(err, BrokenPipeError):  # /dev/full, a closed stdout: said once
             print(f"lit_fedco: stdout cannot be written ({err.strerror or err}); the run goes "
                   "on without it (its table and results are written to the run folder)",
                   file=sys.stderr)  # fmt: skip
@@ -197,18 +192,6 @@ def _list_sub_runs(cmd: Any, cfg: Any, first: int = 0) -> list[Any]:
     return []
 
 
-def _only_our_code(cfg: Any) -> bool:
-    """Whether only lit_fedco's own code has run in this process: the program is one of its
-    recipes (:func:`~lit_fedco.process.workers.program_is_a_recipe`) and the run names no module
-    of the user's own (``plugins``). Then no torch operation has run yet, and ``jobs=N`` may fork
-    its workers from this process once torch is imported: a fork after torch's thread pool has
-    started can hang the child's first parallel operation (GNU OpenMP), and a script or module
-    of one's own may have computed at import."""
-    from lit_fedco.process.workers import program_is_a_recipe
-
-    return program_is_a_recipe() and not list(cfg.plugins)
-
-
 def _prestart_workers(cmd: Any, cfg: Any, fork: bool) -> None:
     """``jobs=N``: start the worker processes before this one checks the run, so that their
     start-up overlaps its checks (a run that is then refused ends them with it): forked from
@@ -216,14 +199,13 @@ def _prestart_workers(cmd: Any, cfg: Any, fork: bool) -> None:
     this one does)."""
     from lit_fedco.config.load import variant_configs
     from lit_fedco.experiment.subruns import sub_runs
-    from lit_fedco.process.workers import per_core_limit, prestart
 
     try:
         count = len(list(sub_runs(variant_configs(cmd, cfg), list(cfg.seeds) or [cfg.seed])))
+        check_jobs(cfg.jobs)
     except ConfigError:
         return  # refused by the run's own checks, with its line
-    if 1 <= cfg.jobs <= per_core_limit():  # else refused by the run's own checks
-        prestart(min(cfg.jobs, count), _forked_worker if fork else None)
+    prestart(min(cfg.jobs, count), _forked_worker if fork else None)
 
 
 def _forked_worker(inp: Any, channel: Any) -> None:
