@@ -48,8 +48,7 @@ from lit_fedco.updaters.base import (
 
 def build_data(cfg: DictConfig, seed: int) -> FederatedData:
     """The federated data set of the config (partition seeded by ``seed``)."""
-    d = cfg.data
-    return make_federated(SimpleNamespace(**OmegaConf.to_container(d), seed=seed))  # type: ignore[arg-type]
+    return make_federated(SimpleNamespace(**OmegaConf.to_container(cfg.data), seed=seed))  # type: ignore[arg-type]
 
 
 def loop_config(cfg: DictConfig, seed: int) -> LoopConfig:
@@ -86,12 +85,15 @@ def run_executor(cfg: DictConfig) -> str:
     return choice
 
 
-def model_keys(cfg: DictConfig) -> dict[str, Any]:
-    """The ``model.*`` keys a researcher's model's ``Params`` declares (every key but the
+def run_model(cfg: DictConfig, data: FederatedData, outputs: int, seed: int) -> torch.nn.Module:
+    """The config's model for ``data``'s rows with ``outputs`` outputs, seeded by ``seed``; a
+    researcher's model gets the ``model.*`` keys its ``Params`` declares (every key but the
     built-in ``name``, ``hidden`` and ``buffers``)."""
     values = OmegaConf.to_container(cfg.model, resolve=True)
     assert isinstance(values, dict)
-    return {str(k): v for k, v in values.items() if k not in MODEL_KEYS}
+    own = {str(k): v for k, v in values.items() if k not in MODEL_KEYS}
+    shape = tuple(data.x_train.shape[1:])
+    return build_model(cfg.model.name, shape, outputs, seed, cfg.model.hidden, own)
 
 
 @dataclass(frozen=True)
@@ -124,10 +126,7 @@ def probe_model(cfg: DictConfig) -> ModelProbe:
     if key in _PROBED:
         return _PROBED[key]
     data = build_data(cfg, cfg.seed)
-    model = build_model(
-        cfg.model.name, tuple(data.x_train.shape[1:]), data.num_classes, cfg.seed,
-        cfg.model.hidden, model_keys(cfg),
-    )  # fmt: skip
+    model = run_model(cfg, data, data.num_classes, cfg.seed)
     two = {k: torch.stack([v, v]) for k, v in model_state(model).items()}
     x = torch.stack([data.x_train[:2], data.x_train[:2]])
 
@@ -291,10 +290,7 @@ def build_updater(
         if pname
         else Classification(ProblemParams(), data)
     )
-    model = build_model(
-        cfg.model.name, tuple(data.x_train.shape[1:]), problem.num_outputs(), seed,
-        cfg.model.hidden, model_keys(cfg),
-    )  # fmt: skip
+    model = run_model(cfg, data, problem.num_outputs(), seed)
     if init is not None:
         set_params(model, init)
     try:

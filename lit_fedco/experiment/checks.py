@@ -68,26 +68,10 @@ def check_vmappable(cfg: DictConfig) -> None:
             )
 
 
-def check_batch_size(batch_size: int, rows: int) -> None:
-    """``batch_size`` is at most the ``rows`` every client trains on together: a client's
-    minibatch is drawn from its own rows, and a larger one only allocates (a billion rows
-    asked for tens of GB before anything ran).
-
-    Raises:
-        ConfigError: naming the bound.
-    """
-    if batch_size > rows:
-        raise ConfigError.bad_value(
-            "batch_size", batch_size, f"an int in [1, {rows}] (the training rows of all the "
-            "clients together; each minibatch is drawn from one client's rows)", "32",
-        )  # fmt: skip
-
-
 def check_run(cfg: DictConfig, built: Assembly | None = None) -> None:
-    """Every check that can fail on user input, before any process starts or file is written:
-    the settings one by one, then what only building the run shows (the data, its split, the
-    updaters' models and objectives, the pre-training, ``init_from``). The data and updaters it
-    builds (for the run's first seed) are kept in ``built``.
+    """The settings one by one, then what only building the run shows (the data, its split,
+    the updaters' models and objectives, the pre-training, ``init_from``); the data and
+    updaters it builds (for the run's first seed) are kept in ``built``.
 
     Raises:
         ConfigError: the first check that fails, naming its key.
@@ -206,13 +190,19 @@ def check_built(cfg: DictConfig, built: Assembly) -> None:
     first = (list(cfg.seeds) or [cfg.seed])[0]
     data = built.data(cfg, first)  # missing files, impossible splits
     loop_config(cfg, first).validate(data.num_clients, cfg.devices * cfg.num_nodes)
-    check_batch_size(cfg.batch_size, int(data.sizes("train").sum()))
+    # a batch of at most every client's rows: a larger one only allocates (a billion rows asked
+    # for tens of GB before anything ran)
+    rows = int(data.sizes("train").sum())
+    if cfg.batch_size > rows:
+        raise ConfigError.bad_value(
+            "batch_size", cfg.batch_size, f"an int in [1, {rows}] (the training rows of all the "
+            "clients together; each minibatch is drawn from one client's rows)", "32",
+        )  # fmt: skip
     # model sizes, and an objective of the problem for each updater
     pairs = [built.updater(cfg, name, first) for name in cfg.updaters]
     for upd, problem in pairs:  # its minibatch sampler on every client (AUPRC: positives)
         problem.sampler(upd.objective, data, first)
-    updaters = [upd for upd, _ in pairs]
-    for name, upd in zip(cfg.updaters, updaters, strict=True):
+    for name, (upd, _) in zip(cfg.updaters, pairs, strict=True):
         check_model_state(cfg, name, upd)
     check_pretrain(cfg)
     if enabled(cfg):  # the pre-training's updater, objective and schedule
@@ -227,7 +217,7 @@ def check_built(cfg: DictConfig, built: Assembly) -> None:
             ) from None
         loop_config(pcfg, first).validate(data.num_clients, cfg.devices * cfg.num_nodes)
     if cfg.init_from:  # a readable checkpoint of this run's model
-        check_shapes(load_params(cfg.init_from), updaters[0].params(), cfg.init_from, cfg)
+        check_shapes(load_params(cfg.init_from), pairs[0][0].params(), cfg.init_from, cfg)
 
 
 def check_model_state(cfg: DictConfig, name: str, upd: CompositionalUpdater) -> None:
