@@ -118,32 +118,20 @@ class Writer:
 
 
 def _key_rows(
-    node: dict[str, Any], values: dict[str, Any], prefix: str, short: bool
+    node: dict[str, Any],
+    values: dict[str, Any],
+    prefix: str,
+    short: bool,
+    only: set[str] | None = None,
 ) -> list[tuple[str, str]]:
-    """``prefix.key=value`` and its description, for every key of ``node``."""
+    """``prefix.key=value`` and its description (``short``: its first sentence), for every key
+    of ``node``, or (``only``) for those among ``only`` or that differ from their defaults."""
     rows = []
     for key, spec in node["keys"].items():
-        text = brief(spec["help"]) if short else spec["help"]
-        rows.append((f"{prefix}{key}={show(values.get(key, spec['default']))}", text))
-    return rows
-
-
-def _set_rows(
-    run: dict[str, Any],
-    sections: dict[str, dict[str, Any]],
-    values: dict[str, Any],
-    set_keys: set[str],
-) -> list[tuple[str, str]]:
-    """The run keys (and data / model / failures keys) the recipe sets, or that differ from
-    their defaults, with their values and first sentences."""
-    rows = []
-    for prefix, node, vals in [("", run, values)] + [
-        (f"{name}.", node, values.get(name, {})) for name, node in sections.items()
-    ]:
-        for key, spec in node["keys"].items():
-            value = vals.get(key, spec["default"])
-            if f"{prefix}{key}" in set_keys or value != spec["default"]:
-                rows.append((f"{prefix}{key}={show(value)}", brief(spec["help"])))
+        value = values.get(key, spec["default"])
+        if only is None or f"{prefix}{key}" in only or value != spec["default"]:
+            text = brief(spec["help"]) if short else spec["help"]
+            rows.append((f"{prefix}{key}={show(value)}", text))
     return rows
 
 
@@ -200,14 +188,13 @@ def render(
     sections = {k: nodes[k] for k in cat["fields"] if k in nodes}  # data, model, failures
     w = Writer(cols or width())
     _usage(w, recipe)
-    _run_keys(w, run, sections, nodes, defaults, values, everything)
+    listed = _run_keys(w, run, sections, nodes, defaults, values, everything)
     others = _node_keys(w, nodes, sections, values, everything)
     found = presets(recipe)
     w.heading("Presets (preset=NAME; YAML files shipped with lit_fedco, from recipes/):"
               if found else "Presets: none.")  # fmt: skip
     w.rows(found, col=min(40, 4 + max((len(name) for name, _ in found), default=0)))
     if not everything:
-        listed = {row.split("=", 1)[0] for row, _ in _set_rows(run, {}, values, set(defaults))}
         rest = [k for k in run["keys"] if k not in listed]
         w.heading("Every other key, with a line each: --help-all.")
         w.para(f"Run keys: {', '.join(rest)}.", indent="  ")
@@ -236,19 +223,20 @@ def _run_keys(
     defaults: dict[str, Any],
     values: dict[str, Any],
     everything: bool,
-) -> None:
+) -> set[str]:
     """The run's keys and those of its sections (``data.*``, ``model.*``, ...): every one
-    (``--help-all``), else those the recipe sets."""
-    if everything:
-        w.heading("Run keys (values as this command runs them):")
-        w.rows(_key_rows(run, values, "", False))
-        for name, node in sections.items():
+    (``--help-all``), else those the recipe sets or that differ from their defaults; returns
+    the run keys listed."""
+    own = {k: v for k, v in defaults.items() if k not in nodes or k in sections}
+    only = None if everything else set(flat_keys(own))
+    w.heading(f"{'Run' if everything else 'Recipe'} keys (values as this command runs them):")
+    rows = _key_rows(run, values, "", not everything, only)
+    w.rows(rows)
+    for name, node in sections.items():
+        if everything:
             w.heading(f"{name}.*: {node['help']}")
-            w.rows(_key_rows(node, values.get(name, {}), f"{name}.", False))
-    else:
-        own = {k: v for k, v in defaults.items() if k not in nodes or k in sections}
-        w.heading("Recipe keys (values as this command runs them):")
-        w.rows(_set_rows(run, sections, values, set(flat_keys(own))))
+        w.rows(_key_rows(node, values.get(name, {}), f"{name}.", not everything, only))
+    return {row.split("=", 1)[0] for row, _ in rows}
 
 
 def _node_keys(
@@ -261,7 +249,8 @@ def _node_keys(
     """The keys of the run's updaters and problems (``--help-all``: of every other one too);
     the names of the updaters and problems the run does not use."""
     updaters = [str(u) for u in values.get("updaters", [])]
-    problems = _problems(nodes, updaters, str(values.get("objective") or ""))
+    objective = str(values.get("objective") or "")
+    problems = _problems(nodes, updaters, objective)
     shown = [u for u in updaters if u in nodes] + [p for p in problems if p in nodes]
     others = [k for k in nodes if k not in sections and k not in shown]
     for name in shown + (others if everything else []):
@@ -269,7 +258,6 @@ def _node_keys(
         if node["kind"] == "problem":
             note = f" ({problems[name]})" if name in problems else f" (objective={name})"
         else:
-            objective = str(values.get("objective") or "")
             note = trains_note(nodes, name, objective) if name in updaters else " (not in this run)"
         w.heading(f"{name}{note}: {node['help']}")
         w.rows(_key_rows(node, values.get(name, {}), f"{name}.", not everything))

@@ -80,8 +80,7 @@ def import_plugins(cmd: CommandLine) -> CommandLine:
     Raises:
         ConfigError: a module or class that cannot be found, imported or registered.
     """
-    _model_params(cmd)
-    _data_params(cmd)
+    _node_params(cmd)
     refs = cmd.plugin_refs()
     if not refs:
         return cmd
@@ -110,45 +109,33 @@ def _last_name(cmd: CommandLine, node: str) -> str | None:
     return name
 
 
-def _model_params(cmd: CommandLine) -> None:
-    """When the command line's last ``model.name`` is a researcher's ``MODULE:NAME``, import
-    it and make the fields of its ``Params`` dataclass (if any) ``model.*`` keys
+def _node_params(cmd: CommandLine) -> None:
+    """When the command line's last ``model.name`` is a researcher's model ``MODULE:NAME``, or
+    its last ``data.name`` a data function ``MODULE:FUNCTION`` (:mod:`lit_fedco.data.user`),
+    import it and make the fields of its ``Params`` dataclass (if any) keys of that node
     (:func:`lit_fedco.config.catalog.extend_node`).
 
     Raises:
-        ConfigError: (key ``model.name``) a module or name that cannot be found or imported.
+        ConfigError: (key ``model.name`` or ``data.name``) a module or name that cannot be
+            found or imported, or data parameters that clash with lit_fedco's own data keys.
     """
-    name = _last_name(cmd, "model")
-    if name is None or ":" not in name:
-        return
-    from lit_fedco.config.catalog import extend_node
-    from lit_fedco.core.models import model_factory
-
-    _, params_cls = model_factory(name)
-    if params_cls is not None:
-        extend_node("model", params_cls)
-
-
-def _data_params(cmd: CommandLine) -> None:
-    """When the command line's last ``data.name`` is a data function ``MODULE:FUNCTION``
-    (:mod:`lit_fedco.data.user`), import it and make the fields of its ``Params`` dataclass
-    (if any) ``data.*`` keys (:func:`lit_fedco.config.catalog.extend_node`).
-
-    Raises:
-        ConfigError: (key ``data.name``) a module or function that cannot be found or
-            imported, or parameters that clash with lit_fedco's own data keys.
-    """
+    from lit_fedco.config.catalog import extend_node, load
     from lit_fedco.data.names import is_function_ref
 
-    name = _last_name(cmd, "data")
-    if name is None or not is_function_ref(name):
-        return
-    from lit_fedco.config.catalog import extend_node, load
-    from lit_fedco.data.user import params_class, resolve_function
+    model = _last_name(cmd, "model")
+    if model is not None and ":" in model:
+        from lit_fedco.core.models import model_factory
 
-    params_cls = params_class(resolve_function(name), name, load()["nodes"]["data"]["keys"])
-    if params_cls is not None:
-        extend_node("data", params_cls)
+        _, params_cls = model_factory(model)
+        if params_cls is not None:
+            extend_node("model", params_cls)
+    data = _last_name(cmd, "data")
+    if data is not None and is_function_ref(data):
+        from lit_fedco.data.user import params_class, resolve_function
+
+        params_cls = params_class(resolve_function(data), data, load()["nodes"]["data"]["keys"])
+        if params_cls is not None:
+            extend_node("data", params_cls)
 
 
 def _replaced(layer: Any, names: dict[str, str]) -> Any:
