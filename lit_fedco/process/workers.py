@@ -80,11 +80,6 @@ def usable_cores() -> int:
     return os.cpu_count() or 1
 
 
-def per_core_limit() -> int:
-    """The most ``jobs`` (and ``threads``) a run may ask for: 4 per CPU core of this machine."""
-    return 4 * (os.cpu_count() or 1)
-
-
 def _start(env: dict[str, str]) -> Worker:
     proc = subprocess.Popen(WORKER, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
                             env=env, bufsize=1)  # fmt: skip
