@@ -10,7 +10,7 @@ import torch
 
 from lit_fedco.core.server_opt import ServerOptConfig
 from lit_fedco.updaters import FedAvg, get_updater
-from lit_fedco.updaters.base import Hparams, ServerOptHparams
+from lit_fedco.updaters.hparams import Hparams, ServerOptHparams
 
 
 def test_fedavgm_and_the_adaptive_methods_pass_their_own_fields():

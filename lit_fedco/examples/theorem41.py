@@ -43,7 +43,7 @@ from lit_fedco.engine.executors import Executor
 from lit_fedco.engine.simulate import run_rounds
 from lit_fedco.objectives.base import Batch, Context, Params
 from lit_fedco.objectives.distributed import DistributedObjective
-from lit_fedco.updaters.base import CompositionalUpdater, Hparams
+from lit_fedco.updaters.base import CompositionalUpdater
 from lit_fedco.updaters.feddro import (
     DSFedDRO,
     DSFedDROHparams,
@@ -52,6 +52,7 @@ from lit_fedco.updaters.feddro import (
     FedDRO,
     FedDROHparams,
 )
+from lit_fedco.updaters.hparams import Hparams
 
 SLOPES = (1.0, 3.0)
 """a_k of ``g_k(x) = a_k x + b_k``."""

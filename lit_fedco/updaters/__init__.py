@@ -1,13 +1,6 @@
 """Updaters: one file per algorithm family, registered by name."""
 
-from lit_fedco.updaters.base import (
-    CompositionalUpdater,
-    Hparams,
-    ServerOptHparams,
-    available_updaters,
-    get_updater,
-    register,
-)
+from lit_fedco.updaters.base import CompositionalUpdater, available_updaters, get_updater, register
 from lit_fedco.updaters.combine import combine
 from lit_fedco.updaters.comfedl import ComFedL, ComFedLDAMAML, ComFedLMAML
 from lit_fedco.updaters.dro_baselines import PDSGD, FastDRO, FastDROHparams, PDSGDHparams
@@ -44,6 +37,7 @@ from lit_fedco.updaters.feddro import (
     MBSGDHparams,
 )
 from lit_fedco.updaters.gcivr import GCIVR, GCIVRHparams
+from lit_fedco.updaters.hparams import Hparams, ServerOptHparams
 from lit_fedco.updaters.personal import Ditto, DittoHparams, FedMAML, FedMAMLHparams
 from lit_fedco.updaters.qfedavg import QFedAvg, QFedAvgHparams
 from lit_fedco.updaters.robust import DRFL, TRMAML, DRFLHparams, project_simplex

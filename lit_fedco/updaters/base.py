@@ -1,4 +1,5 @@
-"""The plug-in interface: :class:`CompositionalUpdater` and its hyperparameter dataclass.
+"""The plug-in interface: :class:`CompositionalUpdater` (its hyperparameters:
+:mod:`lit_fedco.updaters.hparams`).
 
 An updater is a client rule (one local step on one client's state, a pure function that the
 executors vmap or loop over) plus a communication rule (what is averaged and what the server
@@ -31,7 +32,6 @@ from __future__ import annotations
 
 import dataclasses
 import typing
-from dataclasses import dataclass
 from typing import Any, ClassVar, Generic, TypeVar
 
 from torch import Tensor, nn
@@ -40,48 +40,12 @@ from lit_fedco.core.autodiff import grad_and_value, stacked_grad_and_value
 from lit_fedco.core.errors import ConfigError
 from lit_fedco.core.model_stats import running_stats
 from lit_fedco.core.protocol import LOCAL_STATS, Probe, RoundContext, RoundInfo, StepInfo, Sync
-from lit_fedco.core.ranges import Bound, check_bounds
 from lit_fedco.core.server_opt import ServerOptConfig
 from lit_fedco.core.state import State
 from lit_fedco.objectives.base import Batch, Context, Objective, model_params
 from lit_fedco.updaters.declarations import AGGREGATIONS, HOOKS
 from lit_fedco.updaters.declarations import defining_class as defining_class
-
-
-@dataclass(frozen=True)
-class Hparams:
-    """Hyperparameters shared by every updater; subclass per updater (it is the config schema).
-
-    Attributes:
-        lr: η, the client step size.
-        local_steps: I for this method, or 0 to take the run's ``local_steps`` (MBSGD and the
-            "parallel" baselines are defined with one step per round).
-    """
-
-    lr: float = 0.01
-    local_steps: int = 0
-
-    bounds: ClassVar[dict[str, Bound]] = {
-        "lr": Bound("a float > 0", "0.01", gt=0),
-        "local_steps": Bound("an int >= 0 (0: the run's local_steps)", "0", ge=0),
-    }
-    """The numeric range of each key (:class:`~lit_fedco.core.ranges.Bound`), checked when the
-    dataclass is built and, for the updaters lit_fedco ships, before torch is imported (the
-    catalog carries them); a subclass's entries add to its bases' (or replace one's)."""
-
-    def __post_init__(self) -> None:
-        self.validate()
-
-    def validate(self) -> None:
-        """Check the :attr:`bounds`; raise :class:`ConfigError` naming the key. Extend in
-        subclasses with checks a range cannot say (``self.require``)."""
-        check_bounds(self)
-
-    def require(self, field: str, ok: bool, expected: str, example: str) -> None:
-        """Raise a :class:`ConfigError` for ``field`` unless ``ok``."""
-        if not ok:
-            raise ConfigError.bad_value(field, getattr(self, field), expected, example)
-
+from lit_fedco.updaters.hparams import Hparams, ServerOptHparams
 
 H = TypeVar("H", bound=Hparams)
 
@@ -364,30 +328,6 @@ class CompositionalUpdater(Generic[H]):
             "hparams": dataclasses.asdict(self.hparams),
             "objective": self.objective.describe(),
         }
-
-
-@dataclass(frozen=True)
-class ServerOptHparams(Hparams):
-    """Hyperparameters of an updater with a server optimizer of its own (FedAvgM, FedAdam,
-    FedYogi; Reddi et al. 2021, Algorithm 2). Subclasses add the optimizer's own: FedAvgM's
-    ``server_momentum``, the adaptive methods' ``beta1``, ``beta2``, ``tau``.
-
-    Attributes:
-        lr: η_l, the client step size.
-        server_lr: η, the server step size.
-    """
-
-    server_lr: float = 1.0
-
-    bounds: ClassVar[dict[str, Bound]] = {
-        "server_lr": Bound("a float > 0 (η)", "0.01", gt=0),
-    }
-
-    def server_opt(self, name: str) -> ServerOptConfig:
-        """The server optimizer ``name`` with these hyperparameters: here the step size; a
-        subclass with the optimizer's own fields passes them too (FedAvgM's momentum, the
-        adaptive methods' β₁, β₂, τ), the others at :class:`ServerOptConfig`'s defaults."""
-        return ServerOptConfig(name, lr=self.server_lr)
 
 
 def _generic_hparams(cls: type) -> type[Hparams] | None:

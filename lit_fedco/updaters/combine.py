@@ -5,8 +5,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from lit_fedco.updaters.base import CompositionalUpdater, Hparams, register
+from lit_fedco.updaters.base import CompositionalUpdater, register
 from lit_fedco.updaters.declarations import DECLARATIONS
+from lit_fedco.updaters.hparams import Hparams
 
 
 def combine(

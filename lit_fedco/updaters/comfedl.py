@@ -36,8 +36,9 @@ from lit_fedco.core.models import BATCH_STATISTICS_MODELS
 from lit_fedco.core.protocol import StepInfo
 from lit_fedco.core.state import State, tree_axpy, tree_map
 from lit_fedco.objectives.base import Batch, Context
-from lit_fedco.updaters.base import CompositionalUpdater, Hparams, register
+from lit_fedco.updaters.base import CompositionalUpdater, register
 from lit_fedco.updaters.combine import combine
+from lit_fedco.updaters.hparams import Hparams
 
 
 @register("comfedl")

@@ -48,7 +48,8 @@ from lit_fedco.core.state import (
 )
 from lit_fedco.objectives.base import Batch, Context, Objective, Params
 from lit_fedco.objectives.conditional import AUCMinMax, ConditionalObjective, plugin_gradient
-from lit_fedco.updaters.base import CompositionalUpdater, H, Hparams, register
+from lit_fedco.updaters.base import CompositionalUpdater, H, register
+from lit_fedco.updaters.hparams import Hparams
 
 
 # ---------------------------------------------------------------------- pure update rules

@@ -25,8 +25,9 @@ from lit_fedco.core.ranges import Bound
 from lit_fedco.core.server_opt import ServerOptConfig
 from lit_fedco.core.state import State, foreach_axpy_, tree_axpy
 from lit_fedco.objectives.base import Batch, Context
-from lit_fedco.updaters.base import CompositionalUpdater, H, ServerOptHparams, register
+from lit_fedco.updaters.base import CompositionalUpdater, H, register
 from lit_fedco.updaters.combine import combine
+from lit_fedco.updaters.hparams import ServerOptHparams
 
 
 @register("fedavg")

@@ -42,8 +42,9 @@ from lit_fedco.objectives.base import Batch, Context, Params
 from lit_fedco.objectives.distributed import (
     DistributedObjective,
 )
-from lit_fedco.updaters.base import CompositionalUpdater, Hparams, register
+from lit_fedco.updaters.base import CompositionalUpdater, register
 from lit_fedco.updaters.combine import combine
+from lit_fedco.updaters.hparams import Hparams
 
 FEDAVG_CO_CASES = ("I", "II")
 

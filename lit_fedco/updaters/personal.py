@@ -31,8 +31,9 @@ from lit_fedco.core.state import State, tree_axpy, tree_sub
 from lit_fedco.objectives.base import Batch, Context, Objective
 from lit_fedco.objectives.maml import per_fedavg_direction
 from lit_fedco.objectives.personalized import MetaLearning
-from lit_fedco.updaters.base import Hparams, register
+from lit_fedco.updaters.base import register
 from lit_fedco.updaters.fedavg import FedAvg
+from lit_fedco.updaters.hparams import Hparams
 
 HESSIAN_BATCHES = ("independent", "support")
 

@@ -31,8 +31,9 @@ from lit_fedco.core.protocol import RoundContext, RoundInfo, StepInfo, Sync
 from lit_fedco.core.ranges import Bound
 from lit_fedco.core.state import State, tree_leaves, tree_map, tree_scale, tree_sub
 from lit_fedco.objectives.base import Batch, Context
-from lit_fedco.updaters.base import Hparams, register
+from lit_fedco.updaters.base import register
 from lit_fedco.updaters.fedavg import FedAvg
+from lit_fedco.updaters.hparams import Hparams
 
 LOSS_FLOOR = 1e-10
 """F_k is clamped to at least this before the powers F^q and F^{q−1} (the reference code adds

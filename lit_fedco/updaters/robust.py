@@ -29,9 +29,10 @@ from torch import Tensor
 from lit_fedco.core.protocol import Probe, RoundContext, RoundInfo
 from lit_fedco.core.ranges import Bound
 from lit_fedco.core.state import State
-from lit_fedco.updaters.base import Hparams, register
+from lit_fedco.updaters.base import register
 from lit_fedco.updaters.combine import combine
 from lit_fedco.updaters.fedavg import FedAvg
+from lit_fedco.updaters.hparams import Hparams
 
 
 def project_simplex(v: Tensor) -> Tensor:

@@ -29,7 +29,8 @@ from torch import Tensor
 from lit_fedco.core.protocol import RoundContext, RoundInfo, StepInfo, Sync
 from lit_fedco.core.state import State, foreach_axpy_, own_storage, tree_map
 from lit_fedco.objectives.base import Batch, Context
-from lit_fedco.updaters.base import CompositionalUpdater, Hparams, register
+from lit_fedco.updaters.base import CompositionalUpdater, register
+from lit_fedco.updaters.hparams import Hparams
 
 
 @register("scaffold")
