@@ -27,7 +27,7 @@ from lit_fedco.process.forking import can_fork
 from lit_fedco.process.workers import WORKER_ENV, exit_now, prestart, program_is_a_recipe
 
 
-def refuse(err: ConfigError) -> None:
+def refuse(err: ConfigError) -> NoReturn:
     """End the process with exit code 2 and ``err`` in one line."""
     print(f"lit_fedco: {err}", file=sys.stderr)
     raise SystemExit(2)

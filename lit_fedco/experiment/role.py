@@ -69,16 +69,16 @@ def role_of(cfg: DictConfig, recipe: str) -> Role:
         ConfigError: :data:`~lit_fedco.experiment.rundir.RUN_DIR_ENV` set by hand or inherited,
             not by the run that started this process.
     """
-    given = os.environ.get(RUN_DIR_ENV) or None  # a process Fabric started
-    if given:
-        check_child(given)  # set by the launcher of this process, not inherited or by hand
-    rank = launch_rank(cfg) if not given else None
-    if rank:  # not rank 0: rank 0 creates and writes the run folder, this one reads it
-        given = str(Path(cfg.out_dir) / recipe / cfg.run_name)
+    child = os.environ.get(RUN_DIR_ENV) or None  # a process Fabric started
+    if child:
+        check_child(child)  # set by the launcher of this process, not inherited or by hand
+    rank = launch_rank(cfg) if not child else None
+    # not rank 0 of an outside launcher: rank 0 creates and writes the run folder, this one reads it
+    given = str(Path(cfg.out_dir) / recipe / cfg.run_name) if rank else child
     return Role(
         given=given,
         rank=rank,
-        checked=bool(os.environ.get(RUN_DIR_ENV)) or os.environ.get(WORKER_ENV) == "1",
+        checked=bool(child) or os.environ.get(WORKER_ENV) == "1",
         sub_run=int(cfg.sub_run),
         pool=int(cfg.jobs) if cfg.jobs > 1 and not given else 0,
     )
