@@ -319,13 +319,11 @@ def trains(cfg: DictConfig, name: str) -> dict[str, str]:
 
 
 def composition_notes(cfg: DictConfig) -> list[str]:
-    """One line for each updater of ``cfg`` that trains another composition than its
-    problem's own without declaring its ``compositions`` (it takes the default's first
-    offered, the empirical risk): the switch is said, not made silently."""
+    """One line for each updater of ``cfg`` (a checked config: each is registered) that trains
+    another composition than its problem's own without declaring its ``compositions`` (it takes
+    the default's first offered, the empirical risk): the switch is said, not made silently."""
     notes = []
     for name in dict.fromkeys(cfg.updaters):
-        if name not in available_updaters():
-            continue
         got = trains(cfg, name)
         if got["own"] in ("?", got["composition"]) or declares_compositions(get_updater(name)):
             continue
