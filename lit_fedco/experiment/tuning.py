@@ -138,9 +138,10 @@ def _quote(text: str) -> str:
     return "'" + text.replace("'", "") + "'"
 
 
-def select(cfg: DictConfig, tune_dir: Path) -> dict[str, Any]:
-    """The choice per updater, from the tuning run's ``status.json`` files (a pure function of
-    them), with every grid point's score; also written to ``tune.json``.
+def select(cfg: DictConfig, tune_dir: Path, grid: list[Point]) -> dict[str, Any]:
+    """The choice per updater among ``grid`` (the run's :func:`points`), from the tuning run's
+    ``status.json`` files (a pure function of them), with every grid point's score; also
+    written to ``tune.json``.
 
     Raises:
         ConfigError: a tuning sub-run that is not complete, or a metric no sub-run recorded.
@@ -149,7 +150,7 @@ def select(cfg: DictConfig, tune_dir: Path) -> dict[str, Any]:
 
     metric, sign = str(cfg.tune.metric), 1.0 if cfg.tune.mode == "max" else -1.0
     chosen: dict[str, Any] = {}
-    for i, point in enumerate(points(cfg)):
+    for i, point in enumerate(grid):
         scores: list[float] = []
         for seed in cfg.tune.seeds:
             folder = tune_dir / f"v{i}-{point.updater}-seed{seed}"
@@ -323,7 +324,7 @@ class _Phases:
         ``KEY=VALUE`` per chosen value (an updater whose every point diverged keeps its own)."""
         cfg, sub = self.cfg, int(self.cfg.sub_run)
         try:
-            record = select(cfg, self.tune_dir)
+            record = select(cfg, self.tune_dir, self.grid)
         except ConfigError as err:
             refuse(err)
         best = [e["best"] for e in record["updaters"].values() if e["best"] is not None]
