@@ -73,7 +73,10 @@ def variant_configs(cmd: CommandLine, cfg: DictConfig) -> list[tuple[str, DictCo
             if vcfg[key] != cfg[key]:
                 raise run_level_error(i, key, as_plain(vcfg[key]))
         out.append((variant, vcfg))
-    _distinct(out)
+    seen: dict[str, int] = {}
+    names = [v for v, _ in out]
+    for i, (_, vcfg) in enumerate(out):  # once every variant has passed on its own
+        check_distinct(seen, names, i, OmegaConf.to_container(vcfg, resolve=True))
     return out or [("", cfg)]
 
 
@@ -102,29 +105,21 @@ def run_level_error(i: int, key: str, value: Any) -> ConfigError:
     )
 
 
-def repeated_error(j: int, first: str, i: int, second: str) -> ConfigError:
-    """The refusal of ``variants[i]`` running the same config as ``variants[j]``."""
-    return ConfigError(
-        f"variants: got variants[{j}] {first!r} and variants[{i}] {second!r}, which run the same "
-        "config, expected distinct variants (a repeated variant repeats the same runs); drop one "
-        "of them",
-        key="variants",
-    )
-
-
-def _distinct(variants: list[tuple[str, DictConfig]]) -> None:
-    """No two variants run the same config (a repeated one would be counted as more seeds).
+def check_distinct(seen: dict[str, int], variants: list[str], i: int, config: Any) -> None:
+    """``variants[i]``, which runs ``config``, runs no config an earlier variant runs (a repeated
+    one would be counted as more seeds); ``seen`` maps each earlier config to its variant.
 
     Raises:
         ConfigError: naming the two variants.
     """
-    seen: dict[str, int] = {}
-    for i, (variant, vcfg) in enumerate(variants):
-        key = json.dumps(OmegaConf.to_container(vcfg, resolve=True), sort_keys=True, default=str)
-        if key in seen:
-            j = seen[key]
-            raise repeated_error(j, variants[j][0], i, variant)
-        seen[key] = i
+    j = seen.setdefault(json.dumps(config, sort_keys=True, default=str), i)
+    if j != i:
+        raise ConfigError(
+            f"variants: got variants[{j}] {variants[j]!r} and variants[{i}] {variants[i]!r}, "
+            "which run the same config, expected distinct variants (a repeated variant repeats "
+            "the same runs); drop one of them",
+            key="variants",
+        )
 
 
 def node_params(cfg: DictConfig, name: str) -> Any:

@@ -25,11 +25,12 @@ from __future__ import annotations
 import copy
 import dataclasses
 import importlib.resources
+import itertools
 import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import yaml
 from omegaconf import DictConfig, OmegaConf
@@ -197,20 +198,12 @@ def presets(recipe: str | None = None) -> list[tuple[str, str]]:
             lines = path.read_text(encoding="utf-8").splitlines()
         except (OSError, UnicodeDecodeError):
             continue
-        header = []
-        for line in lines:
-            if not line.startswith("#"):
-                break
-            header.append(line)
+        header = list(itertools.takewhile(lambda line: line.startswith("#"), lines))
         runs = {m.group(1) for line in header if (m := _RUN_LINE.match(line))}
         if recipe is not None and recipe not in runs:
             continue
-        text = []
-        for line in header:
-            if _RUN_LINE.match(line):
-                break
-            text.append(line.lstrip("#").strip())
-        out.append((path.stem, summary(" ".join(text))))
+        text = itertools.takewhile(lambda line: not _RUN_LINE.match(line), header)
+        out.append((path.stem, summary(" ".join(line.lstrip("#").strip() for line in text))))
     return out
 
 
@@ -307,10 +300,8 @@ def parse(
         given[name] = arg
         if key == "preset":
             layers.extend(preset_layers(value))
-        elif key == "updater":
-            items.append((source, _item("updaters", f"[{value}]")))
         else:
-            items.append((source, _item(key, value)))
+            items.append((source, _item(name, f"[{value}]" if key == "updater" else value)))
     help_kind = "all" if "--help-all" in flags else ("help" if flags else "")
     if "--list-sub-runs" in flags:
         help_kind = "sub-runs"
@@ -330,7 +321,14 @@ def merge(schema: DictConfig, layers: list[tuple[str, Any]]) -> DictConfig:
         for _, layer in layers:
             cfg.merge_with(layer)
     except (OmegaConfBaseException, TypeError, ValueError):
-        cfg = _merge_copying(schema, layers)  # the layer that fails, on a config left whole
+        # merged again, each merge on a copy, so that the failing layer's error is told
+        # against the config the layers before it made, left whole
+        cfg = schema
+        for source, layer in layers:
+            try:
+                cfg = cast(DictConfig, OmegaConf.merge(cfg, layer))
+            except (OmegaConfBaseException, TypeError, ValueError) as err:
+                raise friendly(err, source, layer, cfg) from None
     try:
         OmegaConf.resolve(cfg)
     except OmegaConfBaseException as err:
@@ -342,24 +340,6 @@ def merge(schema: DictConfig, layers: list[tuple[str, Any]]) -> DictConfig:
             key=key,
         ) from None
     check_leaves(cfg)
-    return cfg
-
-
-def _merge_copying(schema: DictConfig, layers: list[tuple[str, Any]]) -> DictConfig:
-    """``schema`` ← every layer, each merge on a copy, so that the error of the failing layer is
-    told against the config the layers before it made.
-
-    Raises:
-        ConfigError: from the first layer that does not merge.
-    """
-    cfg = schema
-    for source, layer in layers:
-        try:
-            merged = OmegaConf.merge(cfg, layer)
-        except (OmegaConfBaseException, TypeError, ValueError) as err:
-            raise friendly(err, source, layer, cfg) from None
-        assert isinstance(merged, DictConfig)
-        cfg = merged
     return cfg
 
 

@@ -75,9 +75,8 @@ def attributes(doc: str | None) -> dict[str, str]:
     """
     lines = inspect.cleandoc(doc or "").splitlines()
     out: dict[str, str] = {}
-    try:
-        start = next(i for i, line in enumerate(lines) if line.strip() == "Attributes:")
-    except StopIteration:
+    start = next((i for i, line in enumerate(lines) if line.strip() == "Attributes:"), None)
+    if start is None:
         return out
     head_indent = len(lines[start]) - len(lines[start].lstrip())
     entry_indent: int | None = None
@@ -199,10 +198,10 @@ def build() -> dict[str, Any]:
         nodes[name] = updater_entry(name)
     for name in problems:
         nodes[name] = problem_entry(name)
-    order = [str(k) for k in schema()]
+    cfg = schema()  # the catalog's keys are the schema's, node by node
     fields = [f.name for f in dataclasses.fields(RunConfig)]
-    assert order == [*fields, *updaters, *problems], "config.schema() changed its layout"
-    cfg = schema()  # the catalog's defaults are the schema's, node by node
+    layout = [*fields, *updaters, *problems]
+    assert [str(k) for k in cfg] == layout, "config.schema() changed its layout"
     for name, node in nodes.items():
         sub = cfg[name]
         assert isinstance(sub, DictConfig)

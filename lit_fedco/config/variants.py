@@ -17,7 +17,6 @@ Imports: the standard library and OmegaConf; never torch.
 from __future__ import annotations
 
 import copy
-import json
 import warnings
 from types import SimpleNamespace
 from typing import Any
@@ -27,7 +26,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from lit_fedco.config import catalog
-from lit_fedco.config.load import RUN_LEVEL, repeated_error, run_level_error, split_variant
+from lit_fedco.config.load import RUN_LEVEL, check_distinct, run_level_error, split_variant
 from lit_fedco.config.messages import as_plain
 from lit_fedco.config.parser import KEY, flat_keys, known_names, merge, parse
 from lit_fedco.config.values import check_one, check_repeats
@@ -141,11 +140,7 @@ def screen_variants(cfg: DictConfig, checks: dict[str, Any]) -> None:
             raise err.within(where) from None
         _run_level(cfg, i, set_here)
         _values(set_here, checks, variant)
-        same = json.dumps(set_here, sort_keys=True, default=str)
-        if same in seen:
-            j = seen[same]
-            raise repeated_error(j, variants[j], i, variant)
-        seen[same] = i
+        check_distinct(seen, variants, i, set_here)
 
 
 def _names(cfg: DictConfig, values: dict[str, Any], cat: dict[str, Any]) -> None:
