@@ -119,13 +119,11 @@ def check_seeds(cfg: DictConfig) -> None:
         raise ConfigError.bad_value("seed", cfg.seed, "an int >= 0 (numpy's seeds)", "0")
     if any(s < 0 for s in seeds):
         raise ConfigError.bad_value("seeds", seeds, "ints >= 0 (numpy's seeds)", "[0,1,2]")
-    for key, values in (("seed", [cfg.seed]), ("seeds", seeds)):
-        if any(s >= SEED_LIMIT for s in values):
-            raise ConfigError.bad_value(
-                key, values[0] if key == "seed" else values, "ints in [0, 2^32) (a seed names "
-                "the run's random streams with numpy's 32-bit words)",
-                "[0,1,2]" if key == "seeds" else "0",
-            )  # fmt: skip
+    below = "ints in [0, 2^32) (a seed names the run's random streams with numpy's 32-bit words)"
+    if cfg.seed >= SEED_LIMIT:
+        raise ConfigError.bad_value("seed", cfg.seed, below, "0")
+    if any(s >= SEED_LIMIT for s in seeds):
+        raise ConfigError.bad_value("seeds", seeds, below, "[0,1,2]")
     if cfg.resume not in ("", "auto") and (len(cfg.updaters) != 1 or len(seeds) > 1):
         raise ConfigError.bad_value(
             "resume", cfg.resume, "a single updater and seed with a checkpoint file (or "
