@@ -130,10 +130,8 @@ def _multi_node_environment() -> bool:
 def launch_rank(cfg: DictConfig) -> int | None:
     """This process's global rank when a launcher outside lit_fedco started it as one process
     of several (``torchrun``, ``srun``, or ``NODE_RANK`` per node), else None: then this process
-    is the run's only one, or Fabric starts the others itself.
-
-    Every such process runs the checks; rank 0 creates and writes the run folder, the others
-    read it (``run_name`` names it for all of them)."""
+    is the run's only one, or Fabric starts the others itself (what each does with it:
+    :mod:`lit_fedco.experiment.role`)."""
     if cfg.devices * cfg.num_nodes == 1:
         return None
     from lightning.fabric.plugins import environments as envs

@@ -78,11 +78,9 @@ def run_recipe(
 
     Bad input ends the process with exit code 2 and a one-line message, before anything is
     written. SIGTERM or SIGINT stop the run after the current round with a checkpoint (exit
-    code 128 + the signal). ``columns`` are the table's (metric key, label) pairs
-    (:data:`TABLE_COLUMNS` by default); ``callbacks`` receive the loop's hooks
-    (:func:`~lit_fedco.experiment.fabric.make_fabric`); ``evaluated_on`` names the data the
-    ``val/`` metrics are measured on ("validation", or "test" for a recipe whose held-out data
-    is a test set), in the table's title, the results and the figures' labels.
+    code 128 + the signal). ``columns``, ``callbacks`` and ``evaluated_on`` are
+    :func:`lit_fedco.cli.run`'s (the data ``evaluated_on`` names is in the table's title, the
+    results and the figures' labels).
     """
     held: list[Any] = []  # the locks on the run folder, released however the run ends
     try:
