@@ -17,12 +17,13 @@ from typing import Any, NoReturn
 
 from lit_fedco.config.early import check_values
 from lit_fedco.config.helptext import render
-from lit_fedco.config.load import load
+from lit_fedco.config.load import load, variant_configs
 from lit_fedco.config.parser import parse
 from lit_fedco.config.plugins import import_plugins
 from lit_fedco.core.errors import ConfigError
 from lit_fedco.core.ranges import check_jobs
 from lit_fedco.experiment.rundir import RUN_DIR_ENV
+from lit_fedco.experiment.subruns import listing, sub_runs
 from lit_fedco.process.forking import can_fork
 from lit_fedco.process.workers import WORKER_ENV, exit_now, prestart, program_is_a_recipe
 
@@ -178,9 +179,6 @@ def _reader_gone() -> None:
 def _list_sub_runs(cmd: Any, cfg: Any, first: int = 0) -> list[Any]:
     """Print the index, folder, updater, seed and variant of every sub-run of the run (numbered
     from ``first``)."""
-    from lit_fedco.config.load import variant_configs
-    from lit_fedco.experiment.subruns import listing
-
     try:
         configs = variant_configs(cmd, cfg)
     except ConfigError as err:
@@ -197,9 +195,6 @@ def _prestart_workers(cmd: Any, cfg: Any, fork: bool) -> None:
     start-up overlaps its checks (a run that is then refused ends them with it): forked from
     this one once it has imported torch (Linux), else started beside it (they import torch while
     this one does)."""
-    from lit_fedco.config.load import variant_configs
-    from lit_fedco.experiment.subruns import sub_runs
-
     try:
         count = len(list(sub_runs(variant_configs(cmd, cfg), list(cfg.seeds) or [cfg.seed])))
         check_jobs(cfg.jobs)
