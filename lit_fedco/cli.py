@@ -13,7 +13,10 @@ from __future__ import annotations
 
 import os
 import sys
+import threading
 from typing import Any, NoReturn
+
+from omegaconf import OmegaConf
 
 from lit_fedco.config.early import check_values
 from lit_fedco.config.helptext import render
@@ -24,7 +27,9 @@ from lit_fedco.core.errors import ConfigError
 from lit_fedco.core.ranges import check_jobs
 from lit_fedco.experiment.rundir import RUN_DIR_ENV
 from lit_fedco.experiment.subruns import listing, sub_runs
+from lit_fedco.experiment.tuning import run_tuned
 from lit_fedco.process.forking import can_fork
+from lit_fedco.process.serving import handle_signals, serve
 from lit_fedco.process.workers import WORKER_ENV, exit_now, prestart, program_is_a_recipe
 
 
@@ -71,16 +76,12 @@ def run(
     # its runs runs one phase's sub-run
     inner = os.environ.get(RUN_DIR_ENV) or os.environ.get(WORKER_ENV)
     if list(cfg.tune.grid) and not inner and cmd.help in ("", "sub-runs"):
-        from lit_fedco.experiment.tuning import run_tuned
-
         return run_tuned(recipe, defaults, argv, cmd, cfg, _launch, _list_sub_runs,
                          columns=columns, callbacks=callbacks,
                          evaluated_on=evaluated_on)  # fmt: skip
     if cmd.help == "sub-runs":
         return _list_sub_runs(cmd, cfg)
     if cmd.help:
-        from omegaconf import OmegaConf
-
         values = OmegaConf.to_container(cfg, resolve=False)
         assert isinstance(values, dict)
         shown = {str(k): v for k, v in values.items()}
@@ -128,8 +129,6 @@ def main(recipe: str, defaults: dict[str, Any], **options: Any) -> NoReturn:
     other modules is skipped (one to two seconds); where the script still has threads of its
     own running, it ends as usual, after them. Bad input and failures end it as :func:`run`
     does."""
-    import threading
-
     if sys.stdout is None:  # started with stdout closed (>&-): what it prints goes nowhere
         sys.stdout = open(os.devnull, "w")  # noqa: SIM115 — for the life of the process
     sys.stdout = _ReaderMayLeave(sys.stdout)
@@ -206,7 +205,5 @@ def _prestart_workers(cmd: Any, cfg: Any, fork: bool) -> None:
 def _forked_worker(inp: Any, channel: Any) -> None:
     """A worker forked from this process: it serves its tasks through :func:`run`; the
     recipe's script, if the run has one, already ran here."""
-    from lit_fedco.process.serving import handle_signals, serve
-
     handle_signals()
     serve(inp, channel, run, main_imported=True)
