@@ -11,6 +11,8 @@ from typing import Any
 
 import torch
 from lightning.fabric import Fabric
+from lightning.fabric.plugins import environments as envs
+from lightning.fabric.strategies import DDPStrategy
 from omegaconf import DictConfig
 
 from lit_fedco.core.errors import ConfigError
@@ -31,8 +33,6 @@ def fabric_settings(cfg: DictConfig) -> dict[str, Any]:
         strategy = "ddp"  # processes started by Fabric; gloo on CPU, NCCL on GPUs
     timeout = rendezvous_timeout()
     if strategy == "ddp" and timeout is not None:  # how long the processes wait for each other
-        from lightning.fabric.strategies import DDPStrategy
-
         strategy = DDPStrategy(timeout=timeout)
     return dict(
         accelerator=cfg.accelerator, devices=cfg.devices, num_nodes=cfg.num_nodes, strategy=strategy
@@ -119,8 +119,6 @@ def check_fabric(cfg: DictConfig) -> None:
 
 
 def _multi_node_environment() -> bool:
-    from lightning.fabric.plugins import environments as envs
-
     # the environments Fabric detects by itself (Kubeflow's must be passed in: not here)
     kinds = (envs.SLURMEnvironment, envs.TorchElasticEnvironment, envs.LSFEnvironment,
              envs.MPIEnvironment)  # fmt: skip
@@ -134,8 +132,6 @@ def launch_rank(cfg: DictConfig) -> int | None:
     :mod:`lit_fedco.experiment.role`)."""
     if cfg.devices * cfg.num_nodes == 1:
         return None
-    from lightning.fabric.plugins import environments as envs
-
     for kind in (envs.TorchElasticEnvironment, envs.SLURMEnvironment):
         if kind.detect():
             return int(kind().global_rank())
