@@ -31,10 +31,7 @@ from lit_fedco.engine.executors import choose_executor
 from lit_fedco.engine.failures import Failures
 from lit_fedco.engine.loop import LoopConfig
 from lit_fedco.engine.store import owned_by
-from lit_fedco.experiment.pretrain import (
-    enabled,
-    set_params,
-)
+from lit_fedco.experiment.pretrain import enabled, set_params
 from lit_fedco.problems import Classification, Problem, ProblemParams, get_problem
 from lit_fedco.store import checkpoint as ckpt
 from lit_fedco.updaters.base import (
@@ -71,9 +68,7 @@ def run_executor(cfg: DictConfig) -> str:
     (:func:`~lit_fedco.engine.executors.choose_executor`; a researcher's model by
     :func:`auto_for_model`), the reason written to ``cfg.executor_reason`` (recorded in
     ``config.yaml``)."""
-    names = list(cfg.updaters)
-    if enabled(cfg):
-        names.append(cfg.pretrain.updater)
+    names = [*cfg.updaters, *([cfg.pretrain.updater] if enabled(cfg) else [])]
     updaters = [get_updater(n) for n in names if n in available_updaters()]
     if cfg.executor == "auto" and is_model_ref(cfg.model.name):
         choice, reason = auto_for_model(cfg, updaters)

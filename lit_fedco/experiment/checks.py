@@ -76,12 +76,11 @@ def check_run(cfg: DictConfig, built: Assembly | None = None) -> None:
     Raises:
         ConfigError: the first check that fails, naming its key.
     """
-    built = built or Assembly()
     check_settings(cfg)
     check_outputs(cfg)
     check_data_settings(cfg)
     check_fabric(cfg)
-    check_built(cfg, built)
+    check_built(cfg, built or Assembly())
 
 
 def check_settings(cfg: DictConfig) -> None:
