@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import sys
+import typing
 from functools import cache
 from typing import Any
 
@@ -19,6 +20,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from lit_fedco.config import schema
 from lit_fedco.config.schema import TYPES
+from lit_fedco.core.errors import ConfigError
 
 
 @cache
@@ -65,10 +67,6 @@ def extend_node(node: str, cls: type) -> None:
     Raises:
         ConfigError: (key ``<node>.name``) a field of a type no config key holds (:data:`TYPES`).
     """
-    import typing
-
-    from lit_fedco.core.errors import ConfigError
-
     hints = typing.get_type_hints(cls)
     for f in dataclasses.fields(cls):
         tp = hints.get(f.name)

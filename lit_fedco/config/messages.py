@@ -108,9 +108,7 @@ def unknown_key_error(key: str, source: str, cfg: DictConfig) -> ConfigError:
     key and the valid keys of its node. Shared by the full check and the torch-free one
     (:mod:`lit_fedco.config.catalog`), so that both word it alike."""
     parent, _, leaf = key.rpartition(".")
-    node: Any = cfg
-    for part in parent.split(".") if parent else []:
-        node = node[part] if isinstance(node, DictConfig) and part in node else None
+    node = OmegaConf.select(cfg, parent, default=None, throw_on_resolution_failure=False)
     valid = [str(k) for k in node] if isinstance(node, DictConfig) else []
     close = difflib.get_close_matches(leaf, valid, n=1)
     hint = f"did you mean {(parent + '.' if parent else '') + close[0]!r}? " if close else ""

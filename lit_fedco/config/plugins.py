@@ -85,16 +85,14 @@ def import_plugins(cmd: CommandLine) -> CommandLine:
     if not refs:
         return cmd
     names: dict[str, str] = {}
-    modules: list[str] = []
     for ref in refs:
         if is_ref(ref):
             names[ref] = resolve_class(ref)
-            modules.append(ref.partition(":")[0])
         else:
             import_module(ref, "plugins")
-            modules.append(ref)
+    modules = list(dict.fromkeys(ref.partition(":")[0] for ref in refs))
     layers = [(source, _replaced(layer, names)) for source, layer in cmd.layers]
-    record = ("the plugins the command line names", {"plugins": list(dict.fromkeys(modules))})
+    record = ("the plugins the command line names", {"plugins": modules})
     return dataclasses.replace(cmd, layers=[*layers, record])
 
 

@@ -55,11 +55,8 @@ class _Items:
         """
         if item not in self.done:
             source = f"variant {i}"
-            simple = _simple(item)
-            if simple is None:  # a preset, updater=, an odd item: as the command line reads it
-                layers = [layer for _, layer in parse([item], None, source).layers]
-            else:
-                layers = [simple]
+            simple = _simple(item)  # else a preset, updater=, an odd item: read by the parser
+            layers = [simple] if simple else [lay for _, lay in parse([item], None, source).layers]
             out: dict[str, Any] = {}
             for layer in layers:
                 raw = as_plain(layer)
