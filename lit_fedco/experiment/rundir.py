@@ -171,10 +171,8 @@ def contents(run_dir: Path) -> str:
     for p in sorted(run_dir.iterdir()):
         if p.is_dir():
             inner = sorted(q.name for q in p.iterdir() if not q.name.startswith("."))
-            shown = ", ".join(inner[:6]) + (
-                f", ... ({len(inner)} entries)" if len(inner) > 6 else ""
-            )
-            lines.append(f"  {p.name}/  {shown}")
+            more = f", ... ({len(inner)} entries)" if len(inner) > 6 else ""
+            lines.append(f"  {p.name}/  {', '.join(inner[:6])}{more}")
         elif not p.name.startswith("."):
             lines.append(f"  {p.name}")
     return "\n".join(lines)
