@@ -23,7 +23,7 @@ from lit_fedco.config.helptext import render
 from lit_fedco.config.load import load, variant_configs
 from lit_fedco.config.parser import parse
 from lit_fedco.config.plugins import import_plugins
-from lit_fedco.core.errors import ConfigError
+from lit_fedco.core.errors import ConfigError, refuse
 from lit_fedco.core.ranges import check_jobs
 from lit_fedco.experiment.rundir import RUN_DIR_ENV
 from lit_fedco.experiment.subruns import listing, sub_runs
@@ -31,12 +31,6 @@ from lit_fedco.experiment.tuning import run_tuned
 from lit_fedco.process.forking import can_fork
 from lit_fedco.process.serving import handle_signals, serve
 from lit_fedco.process.workers import WORKER_ENV, exit_now, prestart, program_is_a_recipe
-
-
-def refuse(err: ConfigError) -> NoReturn:
-    """End the process with exit code 2 and ``err`` in one line."""
-    print(f"lit_fedco: {err}", file=sys.stderr)
-    raise SystemExit(2)
 
 
 def run(

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Any
+import sys
+from typing import Any, NoReturn
 
 
 class ConfigError(ValueError):
@@ -34,3 +35,10 @@ class ConfigError(ValueError):
         out = ConfigError(f"{self} (in {where})", key=self.key)
         out.parts = self.parts
         return out
+
+
+def refuse(err: ConfigError) -> NoReturn:
+    """End the process with exit code 2 and ``err`` in one line (``lit_fedco: <err>``), as
+    every refusal of bad input does."""
+    print(f"lit_fedco: {err}", file=sys.stderr)
+    raise SystemExit(2) from None

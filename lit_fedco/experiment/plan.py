@@ -17,7 +17,7 @@ from omegaconf import DictConfig
 from lit_fedco.core.errors import ConfigError
 from lit_fedco.experiment import pretrain
 from lit_fedco.experiment.assemble import Assembly
-from lit_fedco.experiment.rundir import check_writable, existing_run_dir, holds_run
+from lit_fedco.experiment.rundir import check_writable, existing_run_dir, holds_run, taken
 from lit_fedco.experiment.session import identity_of, verify
 from lit_fedco.experiment.subruns import SubRunSpec, pretrain_runs, sub_runs
 from lit_fedco.store import checkpoint as ckpt
@@ -87,11 +87,7 @@ def plan_run(spec: RunSpec) -> Plan:
         if cfg.run_name:  # a link there would put the run elsewhere (a file: not a folder)
             check_entries(out_dir / recipe / cfg.run_name, [])
         if cfg.run_name and holds_run(out_dir / recipe / cfg.run_name):
-            raise ConfigError(
-                f"run_name: got {cfg.run_name!r}, but {out_dir / recipe / cfg.run_name} already "
-                "holds a run; continue it with resume=auto, or choose another run_name",
-                key="run_name",
-            )
+            raise taken(cfg.run_name, out_dir / recipe / cfg.run_name)
         return plan
     if cfg.resume in ("auto", ""):  # a sub-run (sub_run=INDEX) always continues what it has
         plan.run_dir = existing_run_dir(out_dir, recipe, cfg.run_name)

@@ -104,6 +104,14 @@ def holds_run(path: Path) -> bool:
     return path.is_dir() and any(not p.name.startswith(".") for p in path.iterdir())
 
 
+def taken(run_name: str, path: Path, fix: str = "") -> ConfigError:
+    """The refusal of a new run named ``run_name`` whose folder ``path`` holds a run; ``fix``
+    says what to do instead (default: resume it, or choose another name)."""
+    fix = fix or "continue it with resume=auto, or choose another run_name"
+    message = f"run_name: got {run_name!r}, but {path} already holds a run; {fix}"
+    return ConfigError(message, key="run_name")
+
+
 def new_run_dir(out_dir: Path, recipe: str, run_name: str, fix: str = "") -> Path:
     """Create the run's folder exclusively: ``run_name``, or the start time with a suffix if
     another run started in the same second. A ``run_name`` folder that holds no run (a start
@@ -121,9 +129,7 @@ def new_run_dir(out_dir: Path, recipe: str, run_name: str, fix: str = "") -> Pat
             path.mkdir()
         except FileExistsError:
             if holds_run(path):
-                fix = fix or "continue it with resume=auto, or choose another run_name"
-                raise ConfigError(f"run_name: got {run_name!r}, but {path} already holds a run; "
-                                  f"{fix}", key="run_name") from None  # fmt: skip
+                raise taken(run_name, path, fix) from None
         return path
     stamp = time.strftime("%Y%m%d-%H%M%S")
     for i in range(1, 1000):

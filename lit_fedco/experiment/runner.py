@@ -19,7 +19,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from lit_fedco.config.load import variant_configs
 from lit_fedco.config.parser import CommandLine
-from lit_fedco.core.errors import ConfigError
+from lit_fedco.core.errors import ConfigError, refuse
 from lit_fedco.experiment.assemble import Assembly, composition_notes, run_executor, trains
 from lit_fedco.experiment.checks import check_run
 from lit_fedco.experiment.fabric import make_fabric
@@ -90,8 +90,7 @@ def run_recipe(
             _check(role, spec)  # 3
             run_dir, plan = _place(role, spec, held)  # 4
         except ConfigError as err:
-            print(f"lit_fedco: {err}", file=sys.stderr)
-            raise SystemExit(2) from None
+            refuse(err)
         if role.pool:  # 5
             run_pool(spec, cmd, plan, run_dir)
             plan = _finished(run_dir, spec)

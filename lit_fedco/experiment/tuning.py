@@ -25,18 +25,17 @@ from __future__ import annotations
 import itertools
 import math
 import os
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any
 
 import yaml
 from omegaconf import DictConfig
 
 from lit_fedco.config import catalog
-from lit_fedco.core.errors import ConfigError
+from lit_fedco.core.errors import ConfigError, refuse
 from lit_fedco.experiment.rundir import RUN_DIR_ENV
 
 TUNE_SUFFIX = "-tune"
@@ -337,9 +336,3 @@ class _Phases:
             resume = cfg.resume and (self.run_dir / "config.yaml").is_file()  # holds a run
             items.append(f"resume={'auto' if resume else ''}")
         return (record, *self.loaded(items))
-
-
-def refuse(err: ConfigError) -> NoReturn:
-    """End the process with exit code 2 and ``err`` in one line (as the command line does)."""
-    print(f"lit_fedco: {err}", file=sys.stderr)
-    raise SystemExit(2)
