@@ -1,3 +1,3 @@
 """The version of lit_fedco (its pyproject's ``version``), recorded in every checkpoint."""
 
-VERSION = "0.3.0"
+VERSION = "0.4.0"
