@@ -22,6 +22,10 @@ def main() -> None:
     if launcher := int(os.environ.get(LAUNCHER_ENV, "0") or 0):
         end_with_launcher(launcher)
     channel = os.fdopen(os.dup(1), "w", buffering=1)
+    # torch, Lightning and the run path load now, while the launcher still checks the run,
+    # not after the first task arrives (a few seconds each worker would otherwise add)
+    import lit_fedco.experiment.session  # noqa: F401
+
     serve(sys.stdin, channel, run)
 
 

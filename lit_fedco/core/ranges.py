@@ -40,10 +40,10 @@ class Bound:
     le: float | None = None
 
     def holds(self, value: Any) -> bool:
-        """Whether ``value`` is within the limits (anything but a number is left to the type
-        checks)."""
-        if isinstance(value, bool) or not isinstance(value, int | float):
-            return True
+        """Whether ``value`` is a number within the limits (a bool counts as 0 or 1, as in a
+        comparison; anything else that is not a number is outside)."""
+        if not isinstance(value, int | float):
+            return False
         return not (
             (self.gt is not None and not value > self.gt)
             or (self.ge is not None and not value >= self.ge)
@@ -70,7 +70,9 @@ def declared_bounds(cls: type) -> dict[str, Bound]:
     first (a subclass's bound of a key replaces its base's)."""
     out: dict[str, Bound] = {}
     for klass in reversed(cls.__mro__):
-        out.update(vars(klass).get("bounds", {}))
+        declared = vars(klass).get("bounds")
+        if isinstance(declared, dict):  # not a field of a plug-in's own that is named bounds
+            out.update(declared)
     return out
 
 

@@ -102,7 +102,8 @@ def test_the_module_imports_no_torch():
 def test_a_bound_holds_inside_its_limits_only(bound, inside, outside):
     assert all(bound.holds(v) for v in inside)
     assert not any(bound.holds(v) for v in outside)
-    assert bound.holds("abc") and bound.holds(True)  # not numbers: left to the type checks
+    assert not bound.holds("abc") and not bound.holds(None)  # not a number: outside
+    assert bound.holds(True) == bound.holds(1) and bound.holds(False) == bound.holds(0)
 
 
 def test_a_bound_refuses_in_the_line_of_a_bad_value_and_travels_as_a_catalog_check():
@@ -139,3 +140,19 @@ def test_a_subclass_adds_to_its_bases_bounds_and_replaces_one():
         "b: got 4, expected an int >= 5"
     )
     assert _message(ranges.check_bounds, Params(-1, 4, 3)).startswith("a: got -1")  # bases' first
+
+
+def test_a_field_named_bounds_declares_nothing():
+    """A parameter dataclass of one's own may have a field called ``bounds`` (a tuple, say):
+    it is not taken for declared ranges."""
+    from dataclasses import dataclass
+
+    from lit_fedco.updaters.hparams import Hparams
+
+    @dataclass(frozen=True)
+    class WithBounds(Hparams):
+        bounds: tuple = (0.0, 1.0)  # type: ignore[assignment]
+
+    assert WithBounds().bounds == (0.0, 1.0)
+    assert list(ranges.declared_bounds(WithBounds)) == ["lr", "local_steps"]
+    assert _message(lambda: WithBounds(lr=0)).startswith("lr: got 0")
