@@ -281,7 +281,8 @@ def dumps(catalog: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``--write`` regenerates :data:`SCHEMA_FILE`; ``--check`` (default) exits 1 when stale."""
+    """``--write`` regenerates :data:`SCHEMA_FILE`; without it, the check: exit code 1 when it is
+    stale."""
     import argparse
 
     parser = argparse.ArgumentParser(prog="python -m lit_fedco.config.schema", description=__doc__)
