@@ -12,7 +12,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import torch
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import Container, DictConfig, OmegaConf
 
 from lit_fedco.config.load import node_params, problem_name
 from lit_fedco.core.errors import ConfigError
@@ -24,6 +24,7 @@ from lit_fedco.core.models import (
     is_model_ref,
     model_state,
     running_stats,
+    set_model_state,
 )
 from lit_fedco.core.server_opt import ServerOptConfig
 from lit_fedco.data import FederatedData, make_federated
@@ -31,7 +32,7 @@ from lit_fedco.engine.executors import choose_executor
 from lit_fedco.engine.failures import Failures
 from lit_fedco.engine.loop import LoopConfig
 from lit_fedco.engine.store import owned_by
-from lit_fedco.experiment.pretrain import enabled, set_params
+from lit_fedco.experiment.subruns import pretrains
 from lit_fedco.problems import Classification, Problem, ProblemParams, get_problem
 from lit_fedco.store import checkpoint as ckpt
 from lit_fedco.updaters.base import (
@@ -68,7 +69,7 @@ def run_executor(cfg: DictConfig) -> str:
     (:func:`~lit_fedco.engine.executors.choose_executor`; a researcher's model by
     :func:`auto_for_model`), the reason written to ``cfg.executor_reason`` (recorded in
     ``config.yaml``)."""
-    names = [*cfg.updaters, *([cfg.pretrain.updater] if enabled(cfg) else [])]
+    names = [*cfg.updaters, *([cfg.pretrain.updater] if pretrains(cfg) else [])]
     updaters = [get_updater(n) for n in names if n in available_updaters()]
     if cfg.executor == "auto" and is_model_ref(cfg.model.name):
         choice, reason = auto_for_model(cfg, updaters)
@@ -247,19 +248,24 @@ def relevant_config(cfg: DictConfig, name: str, seed: int) -> dict[str, Any]:
         "objective",
         "failures",
     )
-    resolved = OmegaConf.to_container(cfg, resolve=True)
-    assert isinstance(resolved, dict)
-    out: dict[str, Any] = {k: resolved[k] for k in keep}
+
+    def resolved(key: str) -> Any:  # the key's value as plain containers, resolved
+        value = cfg[key]
+        return (
+            OmegaConf.to_container(value, resolve=True) if isinstance(value, Container) else value
+        )
+
+    out: dict[str, Any] = {k: resolved(k) for k in keep}  # not the whole config: its lists grow
     # the starting point, when it is not the seeded initialisation (older checkpoints match)
     if cfg.init_from:
-        out["init_from"] = resolved["init_from"]
-    if enabled(cfg):
-        out["pretrain"] = resolved["pretrain"]
+        out["init_from"] = resolved("init_from")
+    if pretrains(cfg):
+        out["pretrain"] = resolved("pretrain")
     if cfg.server_opt.name:  # a server optimizer (older checkpoints have none)
-        out["server_opt"] = resolved["server_opt"]
-    out.update(updater=name, seed=seed, hparams=OmegaConf.to_container(cfg[name], resolve=True))
+        out["server_opt"] = resolved("server_opt")
+    out.update(updater=name, seed=seed, hparams=resolved(name))
     if pname:
-        out["problem"] = {"name": pname, **OmegaConf.to_container(cfg[pname], resolve=True)}  # type: ignore[dict-item]
+        out["problem"] = {"name": pname, **resolved(pname)}
     return out
 
 
@@ -287,7 +293,7 @@ def build_updater(
     )
     model = run_model(cfg, data, problem.num_outputs(), seed)
     if init is not None:
-        set_params(model, init)
+        set_model_state(model, init)  # copies, in their own dtype: the initial state is them
     try:
         objective = problem.objective_for(cls.compositions, model)
     except ConfigError as err:

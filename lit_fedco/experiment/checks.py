@@ -15,7 +15,8 @@ from lit_fedco.engine.schedule import DTYPES
 from lit_fedco.experiment.assemble import Assembly, loop_config, run_executor
 from lit_fedco.experiment.fabric import check_fabric
 from lit_fedco.experiment.pretrain import check as check_pretrain
-from lit_fedco.experiment.pretrain import check_shapes, enabled, load_params, pretrain_config
+from lit_fedco.experiment.pretrain import check_shapes, load_params, pretrain_config
+from lit_fedco.experiment.subruns import pretrains
 from lit_fedco.report.tracking import check_tracking, check_wandb_server
 from lit_fedco.updaters.base import CompositionalUpdater, available_updaters, get_updater
 
@@ -58,7 +59,7 @@ def check_vmappable(cfg: DictConfig) -> None:
     """
     if cfg.executor != "vectorized":
         return
-    for name in [*cfg.updaters, *([cfg.pretrain.updater] if enabled(cfg) else [])]:
+    for name in [*cfg.updaters, *([cfg.pretrain.updater] if pretrains(cfg) else [])]:
         if name in available_updaters() and cfg.model.name in get_updater(name).unvmappable_models:
             raise ConfigError(
                 f"executor: got 'vectorized', but {name} cannot run under vmap on "
@@ -202,7 +203,7 @@ def check_built(cfg: DictConfig, built: Assembly) -> None:
     for name, (upd, _) in zip(cfg.updaters, pairs, strict=True):
         check_model_state(cfg, name, upd)
     check_pretrain(cfg)
-    if enabled(cfg):  # the pre-training's updater, objective and schedule
+    if pretrains(cfg):  # the pre-training's updater, objective and schedule
         pcfg = pretrain_config(cfg)
         try:
             built.updater(pcfg, cfg.pretrain.updater, first)

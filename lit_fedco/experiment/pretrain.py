@@ -25,13 +25,11 @@ import copy
 from pathlib import Path
 from typing import Any
 
-import torch
 from omegaconf import DictConfig
 from torch import Tensor
 
 from lit_fedco.core.errors import ConfigError
-from lit_fedco.core.models import set_model_state
-from lit_fedco.experiment.subruns import pretrains as enabled
+from lit_fedco.experiment.subruns import pretrains
 from lit_fedco.store import checkpoint as ckpt
 
 PRETRAINED = "pretrained.ckpt"
@@ -63,7 +61,7 @@ def check(cfg: DictConfig) -> None:
         raise ConfigError.bad_value(
             "pretrain.rounds", p.rounds, "an int >= 0 (0: no pre-training)", "20"
         )
-    if not enabled(cfg):
+    if not pretrains(cfg):
         return
     if p.updater not in available_updaters():
         raise ConfigError.bad_value(
@@ -125,13 +123,6 @@ def check_shapes(
 def fingerprint(params: dict[str, Tensor]) -> str:
     """A short fingerprint of parameters (names in order, shapes, dtypes and bytes)."""
     return ckpt.fingerprint([params[k] for k in params]) + f"/{len(params)}"
-
-
-def set_params(model: torch.nn.Module, params: dict[str, Tensor]) -> None:
-    """Make ``params`` the model's parameters (copies, in their own dtype), so that the
-    updater's initial state (:meth:`~lit_fedco.updaters.base.CompositionalUpdater.params`) is
-    exactly them."""
-    set_model_state(model, params)
 
 
 def describe(source: str, params: dict[str, Tensor]) -> dict[str, Any]:

@@ -16,7 +16,7 @@ from lit_fedco.experiment import pretrain
 from lit_fedco.experiment.assemble import Assembly, trains
 from lit_fedco.experiment.plan import Plan, plan_pretrain
 from lit_fedco.experiment.session import run_sub
-from lit_fedco.experiment.subruns import pretrain_folder
+from lit_fedco.experiment.subruns import pretrain_folder, pretrains
 from lit_fedco.store import checkpoint as ckpt
 from lit_fedco.store.files import lock_run
 
@@ -43,7 +43,7 @@ def starting_point(
     base = None
     if vcfg.init_from:
         base = {"params": pretrain.load_params(vcfg.init_from), "from": str(vcfg.init_from)}
-    if not pretrain.enabled(vcfg):
+    if not pretrains(vcfg):
         return base
     folder = pretrain_folder(i, variant, seed)
     pcfg, name = pretrain.pretrain_config(vcfg), str(vcfg.pretrain.updater)
