@@ -19,7 +19,7 @@ MODULE_MAX = 500
 FUNCTION_MAX = 60
 ORCHESTRATION = ("experiment", "config", "cli.py", "worker.py")
 ORCHESTRATION_TARGET = 3500
-"""Issue 34's target for the orchestration layer's lines, not reached: at 5,289 lines, 3,459 are
+"""Issue 34's target for the orchestration layer's lines, not reached: at 5,292 lines, 3,461 are
 code and the rest its Google docstrings and the blank lines the formatter keeps; 3,500 would take
 removing features that tests cover (``python tests/test_shape.py`` prints the split)."""
 ORCHESTRATION_CEILING = 5300
